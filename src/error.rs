@@ -1,0 +1,53 @@
+//! OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
+//!
+//! Clients (the OpenAI SDKs, curl scripts) parse this shape; every error the proxy itself produces
+//! goes through [`ApiError`] so none of them is plain text.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI `type`, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// Stable machine-readable code, e.g. `upstream_timeout`.
+    pub code: &'static str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind, code }
+    }
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+    }
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "body_too_large",
+            format!("request body exceeds the limit of {limit} bytes (server.max_body_bytes)"),
+        )
+    }
+    pub fn no_worker() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "no_healthy_worker",
+            "no healthy worker is available to serve this request; retry later",
+        )
+    }
+    pub fn body_json(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body_json())).into_response();
+        resp.headers_mut().insert("x-mmrouter-error", HeaderValue::from_static(self.code));
+        resp
+    }
+}

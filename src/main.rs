@@ -1,0 +1,115 @@
+//! The `mmrouter` command: `serve`, `demo`, `sim`, `count`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "mmrouter", version, about = "KV-cache-aware OpenAI-compatible router for multimodal LLM workers")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the proxy from a TOML config file.
+    Serve {
+        /// Config file (see config/mmrouter.toml).
+        #[arg(long, env = "MMROUTER_CONFIG", default_value = "config/mmrouter.toml")]
+        config: PathBuf,
+        /// Overrides `[server] listen`.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Proxy + simulated workers in one process on the bundled model profile; no files needed.
+    Demo {
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Bundled profile or HF model directory.
+        #[arg(long, default_value = "qwen3-vl")]
+        model: String,
+    },
+    /// Run one simulated vLLM-like worker.
+    Sim(mmrouter::sim::SimOptions),
+    /// Print image-token counts for sizes and image files.
+    Count {
+        /// Bundled profile name or HF model directory.
+        #[arg(long)]
+        model_dir: String,
+        /// Accounting family override (auto-detected by default).
+        #[arg(long)]
+        family: Option<String>,
+        /// An image size WIDTHxHEIGHT (repeatable).
+        #[arg(long = "size")]
+        sizes: Vec<String>,
+        /// Image files (header-probed; stored size).
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Count { model_dir, family, sizes, files, json } => {
+            mmrouter::cli::count(&model_dir, family.as_deref(), &sizes, &files, json)
+        }
+        cmd => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(run(cmd)).map(|()| 0)),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Serve { config, listen } => {
+            let mut cfg = mmrouter::config::Config::load(&config)?;
+            if let Some(l) = listen {
+                cfg.server.listen = l;
+                cfg.validate()?;
+            }
+            let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("server.listen {}: {e}", cfg.server.listen))?;
+            tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
+            mmrouter::server::serve(cfg, listener, shutdown_signal()).await
+        }
+        Cmd::Demo { port, workers, model } => mmrouter::demo::run(port, workers, &model, shutdown_signal()).await,
+        Cmd::Sim(opts) => mmrouter::sim_prompter::run_sim(opts, shutdown_signal()).await,
+        Cmd::Count { .. } => unreachable!("handled without a runtime"),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,194 @@
+//! `data:image/…;base64,…` URLs: header validation, the decoded length computed from the encoded
+//! text *before* anything is allocated, and a chunked decoder so the caller can hash and keep only a
+//! prefix instead of materialising the whole image.
+//!
+//! Decoding is lenient the way vLLM's is: ASCII whitespace is ignored, the standard and URL-safe
+//! alphabets are both accepted, and padding is optional.
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
+
+use crate::media::MediaError;
+
+/// Encoded characters decoded per chunk (a multiple of 4, so chunks need no padding).
+const CHUNK_CHARS: usize = 4096;
+const CHUNK_BYTES: usize = CHUNK_CHARS / 4 * 3;
+
+const ENGINE: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// A validated data URL: where its payload is and how many bytes it decodes to.
+#[derive(Debug)]
+pub(crate) struct DataUrl<'a> {
+    payload: &'a str,
+    pub(crate) decoded_len: usize,
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0c)
+}
+
+/// Checks the `data:` header and computes the decoded length without decoding or allocating.
+pub(crate) fn parse(url: &str) -> Result<DataUrl<'_>, MediaError> {
+    let invalid = |why: &str| MediaError::InvalidDataUrl(why.to_string());
+    let rest = match url.get(..5) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("data:") => &url[5..],
+        _ => return Err(invalid("does not start with 'data:'")),
+    };
+    let comma = rest.find(',').ok_or_else(|| invalid("no ',' before the payload"))?;
+    let (meta, payload) = (&rest[..comma], &rest[comma + 1..]);
+    let mut params = meta.split(';');
+    let mime = params.next().unwrap_or("").trim();
+    let is_image = mime.split_once('/').is_some_and(|(top, sub)| top.eq_ignore_ascii_case("image") && !sub.is_empty());
+    if !is_image {
+        return Err(MediaError::InvalidDataUrl(format!("media type '{mime}' is not image/*")));
+    }
+    if !params.next_back().is_some_and(|p| p.trim().eq_ignore_ascii_case("base64")) {
+        return Err(invalid("only ';base64' payloads are supported"));
+    }
+
+    // One pass over the bytes: count the significant characters and check that '=' only trails.
+    let mut chars = 0usize;
+    let mut in_padding = false;
+    for &b in payload.as_bytes() {
+        if is_ws(b) {
+            continue;
+        }
+        if b == b'=' {
+            in_padding = true;
+        } else if in_padding {
+            return Err(invalid("'=' padding before the end of the payload"));
+        } else {
+            chars += 1;
+        }
+    }
+    let decoded_len = match chars % 4 {
+        0 => chars / 4 * 3,
+        2 => chars / 4 * 3 + 1,
+        3 => chars / 4 * 3 + 2,
+        _ => return Err(invalid("base64 payload length is impossible (4n+1 characters)")),
+    };
+    if decoded_len == 0 {
+        return Err(invalid("empty payload"));
+    }
+    Ok(DataUrl { payload, decoded_len })
+}
+
+impl DataUrl<'_> {
+    /// Decodes the payload in chunks of at most 3 KiB, handing each to `sink` in order.
+    pub(crate) fn decode_chunks(
+        &self,
+        mut sink: impl FnMut(&[u8]) -> Result<(), MediaError>,
+    ) -> Result<(), MediaError> {
+        let mut chars = [0u8; CHUNK_CHARS];
+        let mut out = [0u8; CHUNK_BYTES];
+        let mut filled = 0usize;
+        let mut flush = |chars: &[u8]| -> Result<(), MediaError> {
+            let n = ENGINE
+                .decode_slice(chars, &mut out)
+                .map_err(|e| MediaError::InvalidDataUrl(format!("bad base64: {e}")))?;
+            sink(&out[..n])
+        };
+        for &b in self.payload.as_bytes() {
+            if is_ws(b) {
+                continue;
+            }
+            if b == b'=' {
+                break; // `parse` checked that only padding and whitespace follow
+            }
+            // The URL-safe alphabet maps onto the standard one.
+            chars[filled] = match b {
+                b'-' => b'+',
+                b'_' => b'/',
+                other => other,
+            };
+            filled += 1;
+            if filled == CHUNK_CHARS {
+                flush(&chars)?;
+                filled = 0;
+            }
+        }
+        if filled > 0 {
+            flush(&chars[..filled])?;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes a `data:image/…;base64,…` URL, refusing (before allocating) payloads that decode to more
+/// than `max_bytes`.
+pub fn decode_data_url(url: &str, max_bytes: usize) -> Result<Vec<u8>, MediaError> {
+    let parsed = parse(url)?;
+    if parsed.decoded_len > max_bytes {
+        return Err(MediaError::ImageTooLarge { size: parsed.decoded_len as u64, limit: max_bytes });
+    }
+    let mut bytes = Vec::with_capacity(parsed.decoded_len);
+    parsed.decode_chunks(|chunk| {
+        bytes.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    debug_assert_eq!(bytes.len(), parsed.decoded_len);
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+
+    fn sample(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn standard_urlsafe_unpadded_and_wrapped_all_decode() {
+        for len in [1, 2, 3, 4, 5, 3071, 3072, 3073, 10_000] {
+            let raw = sample(len);
+            let std = STANDARD.encode(&raw);
+            let safe = URL_SAFE_NO_PAD.encode(&raw);
+            let wrapped: String =
+                std.as_bytes().chunks(76).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join("\r\n");
+            for payload in [&std, &safe, &wrapped, &format!(" {std}\n")] {
+                let url = format!("data:image/png;base64,{payload}");
+                assert_eq!(decode_data_url(&url, len).unwrap(), raw, "len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn decoded_length_is_exact_and_checked_before_decoding() {
+        let raw = sample(1000);
+        let url = format!("data:image/jpeg;base64,{}", STANDARD.encode(&raw));
+        assert_eq!(parse(&url).unwrap().decoded_len, 1000);
+        let err = decode_data_url(&url, 999).unwrap_err();
+        assert!(matches!(err, MediaError::ImageTooLarge { size: 1000, limit: 999 }));
+        // Over the limit wins over invalid characters: nothing was decoded.
+        let junk = format!("data:image/png;base64,{}", "!".repeat(4000));
+        assert_eq!(decode_data_url(&junk, 100).unwrap_err().label(), "too_large");
+    }
+
+    #[test]
+    fn rejects_bad_headers_and_payloads() {
+        for url in [
+            "data:text/plain;base64,QUJD",
+            "data:;base64,QUJD",
+            "data:image/png,QUJD",
+            "data:image/png;base64",
+            "data:image/png;base64,",
+            "data:image/png;base64,QUJD!",
+            "data:image/png;base64,QU=JD",
+            "data:image/png;base64,QUJDR",
+            "http://x/",
+            "da",
+        ] {
+            let err = decode_data_url(url, 1 << 20).unwrap_err();
+            assert_eq!(err.label(), "invalid_data_url", "{url}");
+        }
+        assert!(decode_data_url("DATA:IMAGE/PNG;BASE64,QUJD", 16).is_ok());
+    }
+}

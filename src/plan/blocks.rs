@@ -1,0 +1,118 @@
+//! Chained KV block keys, shaped like vLLM's prefix-cache hashes: one key per *full* block, each
+//! covering its whole prefix (the previous key is hashed in), with the images overlapping the
+//! block as extra keys (content hash + start offset relative to the block, negative for an image
+//! continuing from an earlier block). The chain's seed partitions the key space by model, LoRA
+//! adapter and `cache_salt`, as vLLM's extra keys do.
+//!
+//! Hash input is fixed-width little-endian with explicit counts and lengths, so two different
+//! inputs never serialise to the same bytes.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Where one image's run sits in the expanded prompt, and what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ImageSpan {
+    pub offset: u32,
+    pub len: u32,
+    /// Content identity of the image (hash of its raw bytes).
+    pub hash: u128,
+}
+
+impl ImageSpan {
+    fn end(&self) -> u64 {
+        u64::from(self.offset) + u64::from(self.len)
+    }
+}
+
+/// Keys of the full blocks of `ids` (a partial tail block gets none). `key_i = xxh3_64(key_{i-1}
+/// ‖ block_size ‖ the block's ids ‖ n ‖ n × (image hash ‖ image offset − block start))`, with
+/// `key_{-1} = seed`. A `block_size` of 0 yields no keys.
+pub fn block_keys(ids: &[u32], spans: &[ImageSpan], block_size: usize, seed: u64) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    // Sorted by start so one forward cursor skips the images that ended before a block.
+    let mut spans: Vec<ImageSpan> = spans.iter().copied().filter(|s| s.len > 0).collect();
+    spans.sort_unstable_by_key(|s| (s.offset, s.len, s.hash));
+
+    let mut keys = Vec::with_capacity(ids.len() / block_size);
+    let mut buf: Vec<u8> = Vec::with_capacity(8 + 8 + 4 * block_size + 4 + 24 * 2);
+    let mut prev = seed;
+    let mut first = 0;
+    for (index, block) in ids.chunks_exact(block_size).enumerate() {
+        let start = (index * block_size) as u64;
+        let end = start + block_size as u64;
+        buf.clear();
+        buf.extend_from_slice(&prev.to_le_bytes());
+        buf.extend_from_slice(&(block_size as u64).to_le_bytes());
+        for id in block {
+            buf.extend_from_slice(&id.to_le_bytes());
+        }
+        while first < spans.len() && spans[first].end() <= start {
+            first += 1;
+        }
+        let count_at = buf.len();
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        let mut count: u32 = 0;
+        for span in spans[first..].iter().take_while(|s| u64::from(s.offset) < end) {
+            if span.end() > start {
+                buf.extend_from_slice(&span.hash.to_le_bytes());
+                // Both sides < 2^33, so the difference always fits.
+                let relative = i64::from(span.offset) - start as i64;
+                buf.extend_from_slice(&relative.to_le_bytes());
+                count += 1;
+            }
+        }
+        buf[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+        prev = xxh3_64(&buf);
+        keys.push(prev);
+    }
+    keys
+}
+
+/// The chain seed for a model, an optional LoRA adapter (when the request names one) and an
+/// optional `cache_salt`: requests differing in any of them never share a block key.
+pub fn seed(model: &str, lora: Option<&str>, cache_salt: Option<&str>) -> u64 {
+    let mut buf = Vec::with_capacity(64 + model.len());
+    buf.extend_from_slice(b"mmrouter.kv-seed.v1\0");
+    put_str(&mut buf, model);
+    put_opt_str(&mut buf, lora);
+    put_opt_str(&mut buf, cache_salt);
+    xxh3_64(&buf)
+}
+
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn put_opt_str(buf: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        None => buf.push(0),
+        Some(s) => {
+            buf.push(1);
+            put_str(buf, s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_sections_are_unambiguous() {
+        // Same concatenated text, different split between fields.
+        assert_ne!(seed("ab", Some("c"), None), seed("a", Some("bc"), None));
+        assert_ne!(seed("m", Some("x"), None), seed("m", None, Some("x")));
+        assert_ne!(seed("m", Some(""), None), seed("m", None, None));
+    }
+
+    #[test]
+    fn zero_length_span_is_ignored_and_zero_block_size_gives_nothing() {
+        let ids: Vec<u32> = (0..8).collect();
+        let empty = [ImageSpan { offset: 2, len: 0, hash: 9 }];
+        assert_eq!(block_keys(&ids, &empty, 4, 1), block_keys(&ids, &[], 4, 1));
+        assert!(block_keys(&ids, &[], 0, 1).is_empty());
+    }
+}

@@ -1,0 +1,686 @@
+//! HTTP side of the simulated worker: routes, the body-hash layer, and the generation of answers.
+//!
+//! A completion request goes: body hashed and buffered (layer) → extra delay (fault) → parsed and
+//! prompted → maybe failed on purpose → waits for a slot (`--max-running`) → takes its prefix hit and
+//! pins its blocks → waits the time to first token → emits its tokens. Non-streamed answers are sent
+//! whole at the end; streamed answers send headers at once (as vLLM does) and do the waiting inside
+//! the body stream, so a client that goes away drops the stream and is counted as cancelled.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use super::cache::PrefixCache;
+use super::exposition::{self, Snapshot};
+use super::timing::{decode_delay, generation_time, ttft, Dice};
+use super::{Prompter, SimError, SimOptions, SimPrompt, SimStats};
+
+const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
+const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
+
+/// The deterministic "model output": token `i` is `WORDS[i % len]`.
+const WORDS: [&str; 12] =
+    ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "keeps", "running"];
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    in_flight: AtomicU64,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    cancelled: AtomicU64,
+    errors_injected: AtomicU64,
+    streams_dropped: AtomicU64,
+}
+
+pub(crate) struct AppState {
+    pub opts: SimOptions,
+    prompter: Arc<dyn Prompter>,
+    cache: Mutex<PrefixCache>,
+    slots: Arc<Semaphore>,
+    dice: Dice,
+    counters: Counters,
+    next_id: AtomicU64,
+    /// Set when the server should stop accepting (graceful phase).
+    stop: watch::Sender<bool>,
+    /// Set when in-flight answers must end now.
+    cut: watch::Sender<bool>,
+}
+
+impl AppState {
+    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>) -> Self {
+        Self {
+            prompter,
+            cache: Mutex::new(PrefixCache::new(opts.block_size, opts.kv_blocks)),
+            slots: Arc::new(Semaphore::new(opts.max_running.min(Semaphore::MAX_PERMITS))),
+            dice: Dice::new(opts.seed),
+            counters: Counters::default(),
+            next_id: AtomicU64::new(0),
+            stop: watch::Sender::new(false),
+            cut: watch::Sender::new(false),
+            opts,
+        }
+    }
+
+    pub fn begin_stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    pub fn cut_streams(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Resolves once a stop was requested (axum's graceful-shutdown signal).
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    pub fn stats(&self) -> SimStats {
+        let c = &self.counters;
+        SimStats {
+            requests: c.requests.load(Relaxed),
+            prompt_tokens: c.prompt_tokens.load(Relaxed),
+            cached_tokens: c.cached_tokens.load(Relaxed),
+            generation_tokens: c.generation_tokens.load(Relaxed),
+            in_flight: c.in_flight.load(Relaxed),
+            cancelled: c.cancelled.load(Relaxed),
+            errors_injected: c.errors_injected.load(Relaxed),
+            streams_dropped: c.streams_dropped.load(Relaxed),
+        }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, PrefixCache> {
+        // The cache stays consistent between statements, so a panic elsewhere does not poison it.
+        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sleeps `d`, unless in-flight answers are being cut.
+    async fn pause(&self, d: Duration) -> Result<(), SimError> {
+        let mut cut = self.cut.subscribe();
+        if *cut.borrow_and_update() {
+            return Err(SimError::ShuttingDown);
+        }
+        if d.is_zero() {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(d) => Ok(()),
+            _ = cut.wait_for(|cut| *cut) => Err(SimError::ShuttingDown),
+        }
+    }
+
+    /// Waits for a generation slot, then takes the prefix hit and pins the prompt's blocks.
+    async fn admit(self: &Arc<Self>, prompt: &SimPrompt) -> Result<Admitted, SimError> {
+        let waiting = Gauge::up(self, |c| &c.waiting);
+        let mut cut = self.cut.subscribe();
+        let permit = tokio::select! {
+            permit = self.slots.clone().acquire_owned() => permit.map_err(|_| SimError::ShuttingDown)?,
+            _ = cut.wait_for(|cut| *cut) => return Err(SimError::ShuttingDown),
+        };
+        drop(waiting);
+        let running = Gauge::up(self, |c| &c.running);
+        let admission = self.cache().admit(prompt.prompt_tokens, &prompt.block_keys);
+        let cached = admission.cached_tokens;
+        self.counters.prompt_tokens.fetch_add(u64::from(prompt.prompt_tokens), Relaxed);
+        self.counters.cached_tokens.fetch_add(u64::from(cached), Relaxed);
+        Ok(Admitted {
+            cached_tokens: cached,
+            uncached_tokens: prompt.prompt_tokens.saturating_sub(cached),
+            _lease: CacheLease { state: self.clone(), pinned: admission.pinned },
+            _running: running,
+            _slot: permit,
+        })
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let c = &self.counters;
+        let prompt_tokens = c.prompt_tokens.load(Relaxed);
+        Snapshot {
+            model: self.opts.model.clone(),
+            block_size: self.opts.block_size,
+            kv_blocks: self.opts.kv_blocks,
+            running: c.running.load(Relaxed),
+            waiting: c.waiting.load(Relaxed),
+            kv_usage: self.cache().usage(),
+            // vLLM counts every prompt token as queried and the cached ones as hits.
+            queries: prompt_tokens,
+            hits: c.cached_tokens.load(Relaxed),
+            prompt_tokens,
+            generation_tokens: c.generation_tokens.load(Relaxed),
+            cancelled: c.cancelled.load(Relaxed),
+        }
+    }
+}
+
+/// A gauge counter held up while this value lives.
+struct Gauge {
+    state: Arc<AppState>,
+    field: fn(&Counters) -> &AtomicU64,
+}
+
+impl Gauge {
+    fn up(state: &Arc<AppState>, field: fn(&Counters) -> &AtomicU64) -> Self {
+        field(&state.counters).fetch_add(1, Relaxed);
+        Self { state: state.clone(), field }
+    }
+}
+
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        (self.field)(&self.state.counters).fetch_sub(1, Relaxed);
+    }
+}
+
+/// One accepted completion request; dropped before [`Tracker::finish`] means the client went away.
+struct Tracker {
+    in_flight: Gauge,
+    finished: bool,
+}
+
+impl Tracker {
+    fn new(state: &Arc<AppState>) -> Self {
+        Self { in_flight: Gauge::up(state, |c| &c.in_flight), finished: false }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.in_flight.state.counters.cancelled.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Blocks pinned by a running request, unpinned on drop.
+struct CacheLease {
+    state: Arc<AppState>,
+    pinned: Vec<u64>,
+}
+
+impl Drop for CacheLease {
+    fn drop(&mut self) {
+        self.state.cache().release(&self.pinned);
+    }
+}
+
+/// A request that holds a slot and its cache blocks.
+struct Admitted {
+    cached_tokens: u32,
+    uncached_tokens: u32,
+    _lease: CacheLease,
+    _running: Gauge,
+    _slot: OwnedSemaphorePermit,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Completion => "/v1/completions",
+        }
+    }
+}
+
+/// A parsed completion request.
+struct Job {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    prompt: SimPrompt,
+    output_tokens: u32,
+    finish_reason: &'static str,
+    stream: bool,
+    include_usage: bool,
+    /// Stream only: cut the connection before this token (`--drop-mid-stream-rate`).
+    drop_at: Option<u32>,
+}
+
+/// The exact request body bytes, buffered once by [`hash_body`].
+#[derive(Clone)]
+struct RawBody(Bytes);
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completion))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(from_fn_with_state(state.clone(), hash_body))
+        .with_state(state)
+}
+
+/// Buffers the body once, hashing every byte received, and stamps the hash and the worker name on
+/// every response (errors and 404s included).
+async fn hash_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let (digest, read) = read_body(body, state.opts.max_body_bytes).await;
+    let mut response = match read {
+        Ok(bytes) => {
+            parts.extensions.insert(RawBody(bytes.clone()));
+            next.run(Request::from_parts(parts, Body::from(bytes))).await
+        }
+        Err(e) => e.into_response(),
+    };
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&digest) {
+        headers.insert(BODY_SHA256, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&state.opts.name) {
+        headers.insert(WORKER, v);
+    }
+    response
+}
+
+/// Reads the whole body: the hex SHA-256 of every byte received, and the bytes if within `limit`.
+async fn read_body(mut body: Body, limit: usize) -> (String, Result<Bytes, SimError>) {
+    let mut hasher = Sha256::new();
+    let mut buf = BytesMut::new();
+    let mut too_large = false;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return (hex(&hasher.finalize()), Err(SimError::BodyRead(e.to_string()))),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        hasher.update(&data);
+        // Keep hashing past the limit so the header still names the bytes received.
+        if !too_large && buf.len().saturating_add(data.len()) > limit {
+            too_large = true;
+            buf = BytesMut::new();
+        }
+        if !too_large {
+            buf.extend_from_slice(&data);
+        }
+    }
+    let digest = hex(&hasher.finalize());
+    if too_large {
+        return (digest, Err(SimError::BodyTooLarge { limit }));
+    }
+    (digest, Ok(buf.freeze()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]).map(char::from).collect()
+}
+
+impl IntoResponse for SimError {
+    fn into_response(self) -> Response {
+        let (status, kind) = match &self {
+            Self::InvalidJson(_) | Self::InvalidField { .. } | Self::Prompt(_) | Self::BodyRead(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error")
+            }
+            Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
+            Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
+            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+            Self::InjectedError | Self::StreamDropped | Self::InvalidOption { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
+            }
+        };
+        let body = json!({"error": {"message": self.to_string(), "type": kind, "code": self.label()}});
+        (status, Json(body)).into_response()
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    SimError::NotFound { method: method.to_string(), path: uri.path().to_owned() }.into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let model = &state.opts.model;
+    Json(json!({
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": model}],
+    }))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = exposition::render(&state.snapshot());
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn chat(State(state): State<Arc<AppState>>, Extension(raw): Extension<RawBody>) -> Response {
+    complete(state, Endpoint::Chat, raw.0).await
+}
+
+async fn completion(State(state): State<Arc<AppState>>, Extension(raw): Extension<RawBody>) -> Response {
+    complete(state, Endpoint::Completion, raw.0).await
+}
+
+async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Response {
+    state.counters.requests.fetch_add(1, Relaxed);
+    if let Err(e) = state.pause(Duration::from_millis(state.opts.extra_delay_ms)).await {
+        return e.into_response();
+    }
+    let job = match prepare(&state, endpoint, &raw) {
+        Ok(job) => job,
+        Err(e) => return e.into_response(),
+    };
+    if state.dice.roll(state.opts.error_rate) {
+        state.counters.errors_injected.fetch_add(1, Relaxed);
+        return SimError::InjectedError.into_response();
+    }
+    let tracker = Tracker::new(&state);
+    if job.stream {
+        return stream_response(state, job, tracker);
+    }
+    match answer_whole(&state, &job, tracker).await {
+        Ok(body) => Json(body).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimError> {
+    let body: Value = serde_json::from_slice(raw).map_err(|e| SimError::InvalidJson(e.to_string()))?;
+    if !body.is_object() {
+        return Err(SimError::InvalidJson("the body must be a JSON object".to_owned()));
+    }
+    let opts = &state.opts;
+    let (output_tokens, finish_reason) = output_tokens(endpoint, &body, opts)?;
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(SimError::InvalidField { field: "stream", reason: "must be a boolean".to_owned() }),
+    };
+    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let model = body.get("model").and_then(Value::as_str).unwrap_or(&opts.model).to_owned();
+    let prompt = state.prompter.prompt(endpoint.path(), &body, raw, opts.block_size).map_err(SimError::Prompt)?;
+    let drop_at = (stream && state.dice.roll(opts.drop_mid_stream_rate)).then_some(output_tokens / 2);
+    let seq = state.next_id.fetch_add(1, Relaxed);
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    Ok(Job {
+        endpoint,
+        id: format!("{prefix}-{}-{seq}", opts.name),
+        created: unix_now(),
+        model,
+        prompt,
+        output_tokens,
+        finish_reason,
+        stream,
+        include_usage,
+        drop_at,
+    })
+}
+
+/// Output length and finish reason: the request's `max_completion_tokens`/`max_tokens` (capped at
+/// `--max-output-tokens`) ends with "length"; without one the simulated model "stops" after
+/// `--default-output-tokens`.
+fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<(u32, &'static str), SimError> {
+    let fields: &[&'static str] = match endpoint {
+        Endpoint::Chat => &["max_completion_tokens", "max_tokens"],
+        Endpoint::Completion => &["max_tokens"],
+    };
+    for &field in fields {
+        match body.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(v) => {
+                let n = v.as_u64().filter(|n| *n >= 1).ok_or_else(|| SimError::InvalidField {
+                    field,
+                    reason: "must be an integer of at least 1".to_owned(),
+                })?;
+                let n = u32::try_from(n).unwrap_or(u32::MAX).min(opts.max_output_tokens);
+                return Ok((n, "length"));
+            }
+        }
+    }
+    Ok((opts.default_output_tokens.min(opts.max_output_tokens), "stop"))
+}
+
+async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
+    let admitted = state.admit(&job.prompt).await?;
+    state.pause(generation_time(admitted.uncached_tokens, job.output_tokens, &state.opts)).await?;
+    state.counters.generation_tokens.fetch_add(u64::from(job.output_tokens), Relaxed);
+    tracker.finish();
+    let text: String = (0..job.output_tokens).map(token_text).collect();
+    let usage = usage(job, admitted.cached_tokens, job.output_tokens, state.opts.usage_drift);
+    let choice = match job.endpoint {
+        Endpoint::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": null,
+            "finish_reason": job.finish_reason,
+        }),
+        Endpoint::Completion => {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": job.finish_reason})
+        }
+    };
+    Ok(json!({
+        "id": job.id,
+        "object": match job.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
+        "created": job.created,
+        "model": job.model,
+        "choices": [choice],
+        "usage": usage,
+    }))
+}
+
+fn token_text(i: u32) -> String {
+    let word = WORDS[usize::try_from(i).unwrap_or(0) % WORDS.len()];
+    if i == 0 {
+        word.to_owned()
+    } else {
+        format!(" {word}")
+    }
+}
+
+/// OpenAI usage; `usage_drift` skews the reported prompt tokens (never below zero).
+fn usage(job: &Job, cached_tokens: u32, completion_tokens: u32, usage_drift: i64) -> Value {
+    let prompt = i64::from(job.prompt.prompt_tokens).saturating_add(usage_drift).max(0);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt.saturating_add(i64::from(completion_tokens)),
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    })
+}
+
+fn stream_response(state: Arc<AppState>, job: Job, tracker: Tracker) -> Response {
+    let generation = Generation { state, job, tracker, admitted: None, step: Step::Admit };
+    let stream = futures_util::stream::unfold(generation, |mut g| async move {
+        let item = g.next().await?;
+        Some((item, g))
+    });
+    ([(CONTENT_TYPE, "text/event-stream"), (CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Admit,
+    Token(u32),
+    Usage,
+    Done,
+    Finished,
+}
+
+/// The state of one streamed answer; dropping it (client gone) releases everything it holds.
+struct Generation {
+    state: Arc<AppState>,
+    job: Job,
+    tracker: Tracker,
+    admitted: Option<Admitted>,
+    step: Step,
+}
+
+impl Generation {
+    async fn next(&mut self) -> Option<Result<Bytes, SimError>> {
+        let result = self.advance().await;
+        if result.as_ref().is_some_and(Result::is_err) {
+            self.step = Step::Finished;
+        }
+        result
+    }
+
+    async fn advance(&mut self) -> Option<Result<Bytes, SimError>> {
+        let opts = &self.state.opts;
+        loop {
+            match self.step {
+                Step::Admit => {
+                    let admitted = match self.state.admit(&self.job.prompt).await {
+                        Ok(a) => a,
+                        Err(e) => return Some(Err(e)),
+                    };
+                    if let Err(e) = self.state.pause(ttft(admitted.uncached_tokens, opts)).await {
+                        return Some(Err(e));
+                    }
+                    self.admitted = Some(admitted);
+                    self.step = Step::Token(0);
+                    // vLLM opens a chat stream with the assistant role; completions go on to the first token.
+                    if self.job.endpoint == Endpoint::Chat {
+                        return Some(Ok(self.chunk(json!({"role": "assistant", "content": ""}), None)));
+                    }
+                }
+                Step::Token(i) => {
+                    if self.job.drop_at == Some(i) {
+                        self.state.counters.streams_dropped.fetch_add(1, Relaxed);
+                        // Not the client's doing: do not count it as cancelled.
+                        self.tracker.finish();
+                        return Some(Err(SimError::StreamDropped));
+                    }
+                    if i > 0 {
+                        if let Err(e) = self.state.pause(decode_delay(opts)).await {
+                            return Some(Err(e));
+                        }
+                    }
+                    self.state.counters.generation_tokens.fetch_add(1, Relaxed);
+                    let last = i.saturating_add(1) >= self.job.output_tokens;
+                    self.step = match (last, self.job.include_usage) {
+                        (false, _) => Step::Token(i.saturating_add(1)),
+                        (true, true) => Step::Usage,
+                        (true, false) => Step::Done,
+                    };
+                    let finish = last.then_some(self.job.finish_reason);
+                    let text = token_text(i);
+                    let delta = match self.job.endpoint {
+                        Endpoint::Chat => json!({"content": text}),
+                        Endpoint::Completion => json!(text),
+                    };
+                    return Some(Ok(self.chunk(delta, finish)));
+                }
+                Step::Usage => {
+                    self.step = Step::Done;
+                    let cached = self.admitted.as_ref().map_or(0, |a| a.cached_tokens);
+                    let usage = usage(&self.job, cached, self.job.output_tokens, opts.usage_drift);
+                    let object = self.object();
+                    let chunk = json!({
+                        "id": self.job.id, "object": object, "created": self.job.created, "model": self.job.model,
+                        "choices": [], "usage": usage,
+                    });
+                    return Some(Ok(sse(&chunk)));
+                }
+                Step::Done => {
+                    self.tracker.finish();
+                    self.admitted = None;
+                    self.step = Step::Finished;
+                    return Some(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+                }
+                Step::Finished => return None,
+            }
+        }
+    }
+
+    fn object(&self) -> &'static str {
+        match self.job.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        }
+    }
+
+    /// One chunk; for completions `delta` is the text itself.
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
+        let choice = match self.job.endpoint {
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish_reason})
+            }
+        };
+        let chunk = json!({
+            "id": self.job.id, "object": self.object(), "created": self.job.created, "model": self.job.model,
+            "choices": [choice],
+        });
+        sse(&chunk)
+    }
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lowercase_and_padded() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xab, 0xff]), "000fabff");
+        assert_eq!(hex(&Sha256::digest(b"")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
+
+    #[test]
+    fn output_tokens_rules() {
+        let opts = SimOptions { max_output_tokens: 100, default_output_tokens: 7, ..SimOptions::default() };
+        let chat = |v: Value| output_tokens(Endpoint::Chat, &v, &opts);
+        assert_eq!(chat(json!({})).expect("default"), (7, "stop"));
+        assert_eq!(chat(json!({"max_tokens": 5})).expect("max_tokens"), (5, "length"));
+        assert_eq!(chat(json!({"max_tokens": 5, "max_completion_tokens": 9})).expect("both"), (9, "length"));
+        assert_eq!(chat(json!({"max_tokens": 5000})).expect("capped"), (100, "length"));
+        assert_eq!(chat(json!({"max_tokens": null})).expect("null"), (7, "stop"));
+        assert_eq!(chat(json!({"max_tokens": 0})).expect_err("zero").label(), "invalid_field");
+        assert_eq!(chat(json!({"max_tokens": "3"})).expect_err("string").label(), "invalid_field");
+        let comp = output_tokens(Endpoint::Completion, &json!({"max_completion_tokens": 9}), &opts);
+        assert_eq!(comp.expect("ignored on completions"), (7, "stop"));
+    }
+
+    #[test]
+    fn token_text_is_deterministic() {
+        let text: String = (0..3).map(token_text).collect();
+        assert_eq!(text, "The quick brown");
+    }
+}

@@ -1,0 +1,370 @@
+//! Stage **forward**: send the received bytes, unchanged, to the chosen worker and relay its answer back
+//! chunk by chunk as it arrives.
+//!
+//! The relay stream owns the request's [`LoadGuard`], so the worker's load is released exactly when the
+//! response ends — completed, failed, timed out, or dropped because the client went away (dropping the
+//! stream also drops the upstream connection, which cancels the request on the worker).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
+use bytes::Bytes;
+use futures_util::Stream;
+use tokio::time::{Instant, Sleep};
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::routing::LoadGuard;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) are about one connection, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("cannot connect to worker: {0}")]
+    Connect(String),
+    #[error("worker sent no response within {0:?}")]
+    FirstByteTimeout(Duration),
+    #[error("worker request failed: {0}")]
+    Other(String),
+}
+
+impl UpstreamError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect(_) => "connect_error",
+            UpstreamError::FirstByteTimeout(_) => "timeout",
+            UpstreamError::Other(_) => "error",
+        }
+    }
+
+    pub fn to_api(&self, worker: &str) -> ApiError {
+        match self {
+            UpstreamError::Connect(e) => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "upstream_unavailable",
+                format!("worker '{worker}' is unreachable: {e}"),
+            ),
+            UpstreamError::FirstByteTimeout(d) => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                "upstream_timeout",
+                format!(
+                    "worker '{worker}' sent no response within {} ms (server.first_byte_timeout_ms)",
+                    d.as_millis()
+                ),
+            ),
+            UpstreamError::Other(e) => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "upstream_error",
+                format!("worker '{worker}' failed: {e}"),
+            ),
+        }
+    }
+}
+
+/// The pooled HTTP client to the workers, with the configured timeouts.
+pub struct Upstream {
+    client: reqwest::Client,
+    first_byte: Duration,
+    total: Duration,
+}
+
+impl Upstream {
+    pub fn new(cfg: &ServerConfig) -> anyhow::Result<Upstream> {
+        let client = crate::http_client_builder()
+            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            // A worker's redirect is its answer to the client, not ours to follow.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()?;
+        Ok(Upstream {
+            client,
+            first_byte: Duration::from_millis(cfg.first_byte_timeout_ms),
+            total: Duration::from_millis(cfg.total_timeout_ms),
+        })
+    }
+
+    pub fn total_timeout(&self) -> Duration {
+        self.total
+    }
+
+    /// Sends one request and waits for the response head (bounded by the first-byte timeout).
+    pub async fn send(
+        &self,
+        base_url: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = format!("{}{}", base_url.trim_end_matches('/'), path_and_query);
+        let mut out = HeaderMap::with_capacity(headers.len());
+        for (name, value) in headers {
+            // Host and length describe the client's hop; reqwest sets ours from the URL and the bytes.
+            if is_hop_by_hop(name) || name == "host" || name == "content-length" {
+                continue;
+            }
+            out.append(name.clone(), value.clone());
+        }
+        let fut = self.client.request(method, url).headers(out).body(body).send();
+        match tokio::time::timeout(self.first_byte, fut).await {
+            Err(_) => Err(UpstreamError::FirstByteTimeout(self.first_byte)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
+            Ok(Err(e)) if e.is_timeout() => Err(UpstreamError::FirstByteTimeout(self.first_byte)),
+            Ok(Err(e)) => Err(UpstreamError::Other(error_chain(&e))),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// How a relayed response ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Complete,
+    UpstreamError,
+    Timeout,
+    /// The client stopped reading (disconnect): the upstream request was dropped with it.
+    Cancelled,
+}
+
+/// What the relay reports when the response is over.
+#[derive(Debug)]
+pub struct EndReport {
+    pub outcome: Outcome,
+    /// `usage.prompt_tokens` seen in the response (non-stream JSON, or a streamed usage chunk).
+    pub usage_prompt_tokens: Option<u64>,
+}
+
+type OnEnd = Box<dyn FnOnce(EndReport) + Send>;
+
+/// Streams the worker's body through unchanged while watching it for `usage`, holding the load
+/// guard and enforcing the total deadline.
+pub struct Relay<S> {
+    inner: S,
+    deadline: Pin<Box<Sleep>>,
+    guard: Option<LoadGuard>,
+    usage: UsageWatch,
+    on_end: Option<OnEnd>,
+    got_first: bool,
+}
+
+impl<S> Relay<S> {
+    pub fn new(inner: S, deadline: Instant, guard: LoadGuard, sse: bool, on_end: OnEnd) -> Self {
+        Relay {
+            inner,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            guard: Some(guard),
+            usage: UsageWatch::new(sse),
+            on_end: Some(on_end),
+            got_first: false,
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        if let Some(f) = self.on_end.take() {
+            let usage_prompt_tokens = if outcome == Outcome::Complete { self.usage.finish() } else { None };
+            f(EndReport { outcome, usage_prompt_tokens });
+        }
+        // Released after the report so gauges never show the request gone before it is accounted.
+        self.guard.take();
+    }
+}
+
+impl<S> Stream for Relay<S>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.on_end.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.finish(Outcome::Timeout);
+            return Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "worker response exceeded server.total_timeout_ms",
+            ))));
+        }
+        match Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(chunk))) => {
+                if !this.got_first {
+                    this.got_first = true;
+                    if let Some(g) = this.guard.as_mut() {
+                        g.first_byte();
+                    }
+                }
+                this.usage.feed(&chunk);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish(Outcome::UpstreamError);
+                Poll::Ready(Some(Err(std::io::Error::other(error_chain(&e)))))
+            }
+            Poll::Ready(None) => {
+                this.finish(Outcome::Complete);
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+impl<S> Drop for Relay<S> {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away (or the server is shutting down).
+        self.finish(Outcome::Cancelled);
+    }
+}
+
+/// Finds `usage.prompt_tokens` in a response as it streams past, without buffering SSE streams whole.
+enum UsageWatch {
+    /// Non-stream JSON: keep a bounded copy and parse it at the end.
+    Json { buf: Vec<u8>, overflow: bool },
+    /// SSE: scan complete `data:` lines; remember the last usage seen.
+    Sse { line: Vec<u8>, last: Option<u64> },
+}
+
+/// A non-stream answer larger than this is not inspected for usage (it is still relayed whole).
+const MAX_JSON_WATCH: usize = 8 << 20;
+const MAX_SSE_LINE: usize = 1 << 20;
+
+#[derive(serde::Deserialize)]
+struct UsageOnly {
+    usage: Option<UsageTokens>,
+}
+#[derive(serde::Deserialize)]
+struct UsageTokens {
+    prompt_tokens: Option<u64>,
+}
+
+impl UsageWatch {
+    fn new(sse: bool) -> Self {
+        if sse {
+            UsageWatch::Sse { line: Vec::new(), last: None }
+        } else {
+            UsageWatch::Json { buf: Vec::new(), overflow: false }
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        match self {
+            UsageWatch::Json { buf, overflow } => {
+                if !*overflow && buf.len() + chunk.len() <= MAX_JSON_WATCH {
+                    buf.extend_from_slice(chunk);
+                } else {
+                    *overflow = true;
+                    buf.clear();
+                }
+            }
+            UsageWatch::Sse { line, last } => {
+                for part in chunk.split_inclusive(|&b| b == b'\n') {
+                    if line.len() + part.len() <= MAX_SSE_LINE {
+                        line.extend_from_slice(part);
+                    }
+                    if part.ends_with(b"\n") {
+                        if let Some(n) = sse_line_usage(line) {
+                            *last = Some(n);
+                        }
+                        line.clear();
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Option<u64> {
+        match self {
+            UsageWatch::Json { buf, overflow } => {
+                if *overflow {
+                    return None;
+                }
+                let u: UsageOnly = serde_json::from_slice(buf).ok()?;
+                u.usage?.prompt_tokens
+            }
+            UsageWatch::Sse { line, last } => sse_line_usage(line).or(*last),
+        }
+    }
+}
+
+fn sse_line_usage(line: &[u8]) -> Option<u64> {
+    let data = line.strip_prefix(b"data:")?;
+    // Cheap pre-check: most chunks carry no usage.
+    if !data.windows(7).any(|w| w == b"\"usage\"") {
+        return None;
+    }
+    let u: UsageOnly = serde_json::from_slice(data.trim_ascii()).ok()?;
+    u.usage?.prompt_tokens
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_from_json_split_anywhere() {
+        let body = br#"{"id":"x","usage":{"prompt_tokens":42,"completion_tokens":3}}"#;
+        for cut in 0..body.len() {
+            let mut w = UsageWatch::new(false);
+            w.feed(&body[..cut]);
+            w.feed(&body[cut..]);
+            assert_eq!(w.finish(), Some(42), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn usage_from_sse_split_anywhere() {
+        let body = b"data: {\"choices\":[{\"delta\":{}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7}}\n\ndata: [DONE]\n\n";
+        for cut in 0..body.len() {
+            let mut w = UsageWatch::new(true);
+            w.feed(&body[..cut]);
+            w.feed(&body[cut..]);
+            assert_eq!(w.finish(), Some(7), "cut at {cut}");
+        }
+        let mut w = UsageWatch::new(true);
+        w.feed(b"data: {\"choices\":[],\"usage\":null}\n\ndata: [DONE]\n\n");
+        assert_eq!(w.finish(), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_recognised() {
+        assert!(is_hop_by_hop(&HeaderName::from_static("transfer-encoding")));
+        assert!(!is_hop_by_hop(&HeaderName::from_static("content-type")));
+    }
+}
