@@ -176,10 +176,12 @@ async fn forward_planned(
     bytes: Bytes,
 ) -> Response {
     let mut healthy = st.healthy_mask();
+    let mut last_error = None;
     for attempt in 0..2 {
         let t = Instant::now();
         let Some(decision) = st.router.select(&plan.select_request(), &healthy) else {
-            return finish_error(plan, ApiError::no_worker());
+            // After a failed connect, the client learns about that failure, not about an empty pool.
+            return finish_error(plan, last_error.unwrap_or_else(ApiError::no_worker));
         };
         m::stage(m::stage::SELECT, t.elapsed());
         let w = decision.worker;
@@ -209,6 +211,7 @@ async fn forward_planned(
                     healthy[w] = false;
                     if attempt == 0 {
                         tracing::warn!(worker = %worker.name, "connect failed, retrying on another worker: {e}");
+                        last_error = Some(e.to_api(&worker.name));
                         continue;
                     }
                 }
