@@ -337,8 +337,15 @@ impl Pipeline {
         // The template does not depend on the images (each part renders as one placeholder), and
         // request-wide accounting needs the text token count, so tokenize first.
         let t = Instant::now();
-        let placeholder = self.placeholder.as_deref().unwrap_or(NO_PLACEHOLDER);
-        let tokens = plan::tokenize_chat(&self.model, json, placeholder);
+        let tokens = match self.placeholder.as_deref() {
+            Some(p) => plan::tokenize_chat(&self.model, json, p),
+            // No accounting profile: the image positions are unknown, the text still routes.
+            None => self
+                .model
+                .render_chat(json)
+                .and_then(|text| self.model.encode(&text))
+                .map(|ids| plan::ChatTokens { ids, placeholders: Vec::new() }),
+        };
         let plan_time = t.elapsed();
 
         // account: every image or none
@@ -355,37 +362,36 @@ impl Pipeline {
 
         // plan
         let t = Instant::now();
-        match tokens {
-            Err(e) if has_media => out.route = Route::TextPrefix { reason: e.label() },
-            Err(e) => tracing::debug!("chat template failed ({e}); routing by load only"),
-            Ok(tokens) => match accounted {
-                Ok(acc) if acc.is_empty() && tokens.placeholders.is_empty() => {
-                    self.set_blocks(&mut out, &tokens.ids, &[], seed, true);
+        match (tokens, accounted) {
+            // An image that cannot be accounted is the reason, whatever else also failed.
+            (tokens, Err(reason)) => {
+                out.route = Route::TextPrefix { reason };
+                // Without a known placeholder the image position is unknown: route by load only.
+                if let (Ok(tokens), Some(_)) = (&tokens, &self.placeholder) {
+                    self.set_blocks(&mut out, plan::text_prefix(tokens), &[], seed, false);
                 }
-                Ok(acc) => {
-                    let runs: Vec<(u128, &[crate::accounting::RunPart])> =
-                        acc.iter().map(|a| (a.hash, a.run.as_slice())).collect();
-                    match plan::expand(&self.model, &tokens, &runs) {
-                        Ok(expanded) => {
-                            out.route = Route::Exact;
-                            self.set_blocks(&mut out, &expanded.ids, &expanded.spans, seed, true);
-                            out.spans = expanded.spans;
-                            out.images = acc.into_iter().map(|a| a.planned).collect();
-                        }
-                        Err(e) => {
-                            out.route = Route::TextPrefix { reason: e.label() };
-                            self.set_blocks(&mut out, plan::text_prefix(&tokens), &[], seed, false);
-                        }
+            }
+            (Err(e), Ok(_)) if has_media => out.route = Route::TextPrefix { reason: e.label() },
+            (Err(e), Ok(_)) => tracing::debug!("chat template failed ({e}); routing by load only"),
+            (Ok(tokens), Ok(acc)) if acc.is_empty() && tokens.placeholders.is_empty() => {
+                self.set_blocks(&mut out, &tokens.ids, &[], seed, true);
+            }
+            (Ok(tokens), Ok(acc)) => {
+                let runs: Vec<(u128, &[crate::accounting::RunPart])> =
+                    acc.iter().map(|a| (a.hash, a.run.as_slice())).collect();
+                match plan::expand(&self.model, &tokens, &runs) {
+                    Ok(expanded) => {
+                        out.route = Route::Exact;
+                        self.set_blocks(&mut out, &expanded.ids, &expanded.spans, seed, true);
+                        out.spans = expanded.spans;
+                        out.images = acc.into_iter().map(|a| a.planned).collect();
                     }
-                }
-                Err(reason) => {
-                    out.route = Route::TextPrefix { reason };
-                    // Without a known placeholder the image position is unknown: route by load only.
-                    if self.placeholder.is_some() {
+                    Err(e) => {
+                        out.route = Route::TextPrefix { reason: e.label() };
                         self.set_blocks(&mut out, plan::text_prefix(&tokens), &[], seed, false);
                     }
                 }
-            },
+            }
         }
         m::stage(m::stage::PLAN, plan_time + t.elapsed());
         Ok(out)
@@ -442,9 +448,6 @@ impl Pipeline {
         plan::seed(&self.model_name, lora, salt)
     }
 }
-
-/// Used only to render when the model's placeholder is unknown; never matches a real token run.
-const NO_PLACEHOLDER: &str = "<|mmrouter_unknown_image|>";
 
 struct Accounted {
     hash: u128,

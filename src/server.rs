@@ -38,6 +38,11 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(cfg: &Config) -> anyhow::Result<Arc<AppState>> {
+        Self::with_pipeline(cfg, Pipeline::new(cfg)?)
+    }
+
+    /// State around an already-built pipeline (tests inject counters through it).
+    pub fn with_pipeline(cfg: &Config, pipeline: Pipeline) -> anyhow::Result<Arc<AppState>> {
         let names = cfg.workers.iter().map(|w| w.name.clone()).collect();
         let router = Router::new(cfg.routing.clone(), names).map_err(|e| anyhow::anyhow!("routing: {e}"))?;
         Ok(Arc::new(AppState {
@@ -45,7 +50,7 @@ impl AppState {
             healthy: Arc::new(cfg.workers.iter().map(|_| AtomicBool::new(true)).collect()),
             router,
             upstream: Upstream::new(&cfg.server)?,
-            pipeline: Pipeline::new(cfg)?,
+            pipeline,
             prom: m::install(),
             max_body_bytes: cfg.server.max_body_bytes,
         }))
@@ -84,8 +89,17 @@ pub async fn serve(
 /// Starts a proxy on an already-bound listener in the background (tests, embedding); returns its
 /// address and state.
 pub async fn spawn(cfg: Config, listener: tokio::net::TcpListener) -> anyhow::Result<(SocketAddr, Arc<AppState>)> {
-    let addr = listener.local_addr()?;
     let state = AppState::new(&cfg)?;
+    spawn_state(&cfg, state, listener).await
+}
+
+/// Like [`spawn`], around a prepared state.
+pub async fn spawn_state(
+    cfg: &Config,
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<(SocketAddr, Arc<AppState>)> {
+    let addr = listener.local_addr()?;
     if cfg.server.health_interval_ms > 0 {
         spawn_health_checks(state.clone(), Duration::from_millis(cfg.server.health_interval_ms));
     }
@@ -266,7 +280,8 @@ fn relay(
         }
     });
     let deadline = tokio::time::Instant::now() + st.upstream.total_timeout();
-    let body = Relay::new(resp.bytes_stream(), deadline, guard, sse, on_end);
+    let length = resp.content_length();
+    let body = Relay::new(resp.bytes_stream(), deadline, guard, sse, length, on_end);
     builder.body(Body::from_stream(body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 

@@ -180,10 +180,22 @@ pub struct Relay<S> {
     usage: UsageWatch,
     on_end: Option<OnEnd>,
     got_first: bool,
+    /// Content-Length of the response, when given: hyper may stop polling once it has that many
+    /// bytes, so reaching it is the end (not a cancellation).
+    remaining: Option<u64>,
+    /// Timed out or failed: nothing more is relayed.
+    stopped: bool,
 }
 
 impl<S> Relay<S> {
-    pub fn new(inner: S, deadline: Instant, guard: LoadGuard, sse: bool, on_end: OnEnd) -> Self {
+    pub fn new(
+        inner: S,
+        deadline: Instant,
+        guard: LoadGuard,
+        sse: bool,
+        content_length: Option<u64>,
+        on_end: OnEnd,
+    ) -> Self {
         Relay {
             inner,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
@@ -191,6 +203,8 @@ impl<S> Relay<S> {
             usage: UsageWatch::new(sse),
             on_end: Some(on_end),
             got_first: false,
+            remaining: content_length,
+            stopped: false,
         }
     }
 
@@ -212,10 +226,17 @@ where
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if this.on_end.is_none() {
+        if this.stopped {
             return Poll::Ready(None);
         }
+        if this.on_end.is_none() {
+            // Complete by Content-Length: pass through whatever end-of-body the worker still sends.
+            return Pin::new(&mut this.inner)
+                .poll_next(cx)
+                .map(|o| o.map(|r| r.map_err(|e| std::io::Error::other(error_chain(&e)))));
+        }
         if this.deadline.as_mut().poll(cx).is_ready() {
+            this.stopped = true;
             this.finish(Outcome::Timeout);
             return Poll::Ready(Some(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -232,13 +253,21 @@ where
                     }
                 }
                 this.usage.feed(&chunk);
+                if let Some(left) = this.remaining.as_mut() {
+                    *left = left.saturating_sub(chunk.len() as u64);
+                    if *left == 0 {
+                        this.finish(Outcome::Complete);
+                    }
+                }
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(e))) => {
+                this.stopped = true;
                 this.finish(Outcome::UpstreamError);
                 Poll::Ready(Some(Err(std::io::Error::other(error_chain(&e)))))
             }
             Poll::Ready(None) => {
+                this.stopped = true;
                 this.finish(Outcome::Complete);
                 Poll::Ready(None)
             }

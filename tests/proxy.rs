@@ -143,11 +143,9 @@ fn assert_openai_error(v: &serde_json::Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_get_openai_errors_and_nothing_is_forwarded() {
     let c = cluster_with(sims(1, fast).await, "[server]\nmax_body_bytes = 4096").await;
-    for (body, status) in [
-        (b"{\"model\": \"m\", \"messages\": [".to_vec(), 400),
-        (b"[1, 2, 3]".to_vec(), 400),
-        (vec![b' '; 5000], 413),
-    ] {
+    for (body, status) in
+        [(b"{\"model\": \"m\", \"messages\": [".to_vec(), 400), (b"[1, 2, 3]".to_vec(), 400), (vec![b' '; 5000], 413)]
+    {
         let r = post(&c.url, body).await;
         assert_eq!(r.status(), status);
         let v: serde_json::Value = r.json().await.unwrap();

@@ -80,10 +80,8 @@ pub fn data_url(name: &str) -> String {
 
 /// A chat body with the given image URLs followed by a text part.
 pub fn chat_body(images: &[String], text: &str, stream: bool) -> Vec<u8> {
-    let mut parts: Vec<serde_json::Value> = images
-        .iter()
-        .map(|u| serde_json::json!({"type": "image_url", "image_url": {"url": u}}))
-        .collect();
+    let mut parts: Vec<serde_json::Value> =
+        images.iter().map(|u| serde_json::json!({"type": "image_url", "image_url": {"url": u}})).collect();
     parts.push(serde_json::json!({"type": "text", "text": text}));
     let mut body = serde_json::json!({
         "model": "Qwen/Qwen3-VL-8B-Instruct",
