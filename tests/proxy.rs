@@ -251,3 +251,22 @@ async fn models_health_passthrough_and_metrics() {
     }
     assert!(text.contains("stage=\"forward_ttfb\""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_image_urls_fall_back_or_are_rejected_as_configured() {
+    let blocked = "http://169.254.169.254/latest/meta-data/cat.png".to_owned();
+    // Default: the request still reaches a worker unchanged, routed on its text prefix.
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let body = chat_body(std::slice::from_ref(&blocked), "what is this?", false);
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-mmrouter-route"), "text_prefix");
+    assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body));
+
+    // reject_blocked_urls: a 400 OpenAI error, nothing forwarded.
+    let c = cluster_with(sims(1, fast).await, "[media]\nreject_blocked_urls = true").await;
+    let r = post(&c.url, body).await;
+    assert_eq!(r.status(), 400);
+    assert_openai_error(&r.json().await.unwrap());
+    assert_eq!(c.sims[0].stats().requests, 0);
+}
