@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod loadgen;
 pub mod media;
 pub mod metrics;
 pub mod pipeline;

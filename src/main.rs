@@ -35,6 +35,10 @@ enum Cmd {
     },
     /// Run one simulated vLLM-like worker.
     Sim(mmrouter::sim::SimOptions),
+    /// Replay a JSONL workload against one or more base URLs and report latency, TTFB and cache reuse.
+    Loadgen(mmrouter::loadgen::LoadgenOptions),
+    /// Generate a seeded multimodal multi-turn workload (JSONL) for `loadgen`.
+    Workload(mmrouter::loadgen::WorkloadOptions),
     /// Print image-token counts for sizes and image files.
     Count {
         /// Bundled profile name or HF model directory.
@@ -63,6 +67,10 @@ fn main() -> ExitCode {
         Cmd::Count { model_dir, family, sizes, files, json } => {
             mmrouter::cli::count(&model_dir, family.as_deref(), &sizes, &files, json)
         }
+        Cmd::Workload(opts) => mmrouter::loadgen::generate_workload(&opts).map(|n| {
+            eprintln!("wrote {n} requests");
+            0
+        }),
         cmd => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -94,7 +102,12 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Demo { port, workers, model } => mmrouter::demo::run(port, workers, &model, shutdown_signal()).await,
         Cmd::Sim(opts) => mmrouter::sim_prompter::run_sim(opts, shutdown_signal()).await,
-        Cmd::Count { .. } => unreachable!("handled without a runtime"),
+        Cmd::Loadgen(opts) => {
+            let report = mmrouter::loadgen::run(opts).await?;
+            println!("{}", report.table());
+            Ok(())
+        }
+        Cmd::Count { .. } | Cmd::Workload(_) => unreachable!("handled without a runtime"),
     }
 }
 

@@ -14,8 +14,7 @@ fn run_count(args: &[String]) -> (i32, Vec<Value>) {
 
 #[test]
 fn bundled_profiles_match_the_golden_counts() {
-    let golden: Value =
-        serde_json::from_str(include_str!("fixtures/image_tokens.json")).expect("golden file parses");
+    let golden: Value = serde_json::from_str(include_str!("fixtures/image_tokens.json")).expect("golden file parses");
     for (bundled, profile) in [("qwen3-vl", "qwen3_vl"), ("qwen2.5-vl", "qwen2_5_vl")] {
         let p = &golden["profiles"][profile];
         let field = p["counts"].as_str().unwrap();

@@ -12,13 +12,6 @@ use common::*;
 use mmrouter::accounting::{AccountingError, Counter, ImageTokens, RequestContext};
 use mmrouter::config::Config;
 use mmrouter::pipeline::{load_model, ImageCounter, Pipeline};
-use mmrouter::sim::SimOptions;
-
-fn fast(o: &mut SimOptions) {
-    o.ttft_base_ms = 0;
-    o.prefill_us_per_token = 0;
-    o.decode_ms_per_token = 0;
-}
 
 /// The real counter, except that images of a chosen width fail with a chosen error.
 struct FailOn {
@@ -46,14 +39,6 @@ impl ImageCounter for FailOn {
 
 fn aspect(width: u32, height: u32) -> AccountingError {
     AccountingError::AspectRatio { width, height, limit: 200 }
-}
-
-fn png_data_url(w: u32, h: u32, shade: u8) -> String {
-    use base64::Engine;
-    let img = image::RgbImage::from_pixel(w, h, image::Rgb([shade, 100, 200]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
-    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(out.into_inner()))
 }
 
 struct Snapshot {

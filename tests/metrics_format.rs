@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{Cursor, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 
 use mmrouter::metrics as m;
@@ -100,7 +100,7 @@ async fn traffic_then_metrics() -> String {
     let cluster = common::cluster_with(sims, "").await;
     let chat = format!("{}/v1/chat/completions", cluster.url);
 
-    let wide = png_data_url(&wide_png(5000, 20));
+    let wide = common::png_data_url(5000, 20, 7);
     let cases = [
         ("no_media", common::chat_body(&[], &common::unique("text"), false)),
         ("exact", common::chat_body(&[common::data_url("rocket.jpg")], &common::unique("image"), false)),
@@ -130,17 +130,4 @@ async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
 
 fn header<'a>(resp: &'a reqwest::Response, name: &str) -> &'a str {
     resp.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
-}
-
-fn png_data_url(png: &[u8]) -> String {
-    use base64::Engine;
-    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png))
-}
-
-/// A valid PNG whose aspect ratio (250:1 at 5000×20) no Qwen-VL resize accepts.
-fn wide_png(width: u32, height: u32) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(width, height, |x, y| image::Rgb([(x % 256) as u8, (y * 12) as u8, 90]));
-    let mut out = Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
-    out.into_inner()
 }

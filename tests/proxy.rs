@@ -6,13 +6,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::StreamExt;
-use mmrouter::sim::SimOptions;
-
-fn fast(o: &mut SimOptions) {
-    o.ttft_base_ms = 0;
-    o.prefill_us_per_token = 0;
-    o.decode_ms_per_token = 0;
-}
 
 async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
     client()

@@ -25,6 +25,13 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Sim timing all zero: tests assert behaviour, not speed.
+pub fn fast(o: &mut SimOptions) {
+    o.ttft_base_ms = 0;
+    o.prefill_us_per_token = 0;
+    o.decode_ms_per_token = 0;
+}
+
 pub async fn sims(n: usize, tweak: impl Fn(&mut SimOptions)) -> Vec<SimHandle> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -113,4 +120,13 @@ pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
 
 pub async fn metrics_text(url: &str) -> String {
     client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// A solid-colour PNG of the given size as a data URL (distinct shades give distinct content hashes).
+pub fn png_data_url(w: u32, h: u32, shade: u8) -> String {
+    use base64::Engine;
+    let img = image::RgbImage::from_pixel(w, h, image::Rgb([shade, 100, 200]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(out.into_inner()))
 }
