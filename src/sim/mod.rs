@@ -90,6 +90,10 @@ pub struct SimOptions {
     /// Delay between output tokens, in milliseconds.
     #[arg(long, default_value_t = DEFAULT_DECODE_MS_PER_TOKEN)]
     pub decode_ms_per_token: u64,
+    /// Concurrent prefills share one compute budget, as on a GPU: a prompt's prefill starts after the
+    /// uncached tokens admitted before it (`false`: every prefill runs as if alone).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefill_contention: bool,
     /// Output tokens when the request sets no `max_tokens` (finish_reason "stop").
     #[arg(long, default_value_t = DEFAULT_OUTPUT_TOKENS)]
     pub default_output_tokens: u32,
@@ -132,6 +136,7 @@ impl Default for SimOptions {
             ttft_base_ms: DEFAULT_TTFT_BASE_MS,
             prefill_us_per_token: DEFAULT_PREFILL_US_PER_TOKEN,
             decode_ms_per_token: DEFAULT_DECODE_MS_PER_TOKEN,
+            prefill_contention: true,
             default_output_tokens: DEFAULT_OUTPUT_TOKENS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             error_rate: 0.0,

@@ -26,7 +26,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::cache::PrefixCache;
 use super::exposition::{self, Snapshot};
-use super::timing::{decode_delay, generation_time, ttft, Dice};
+use super::timing::{decode_delay, ttft, Dice};
 use super::{Prompter, SimError, SimOptions, SimPrompt, SimStats};
 
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
@@ -58,6 +58,8 @@ pub(crate) struct AppState {
     dice: Dice,
     counters: Counters,
     next_id: AtomicU64,
+    /// When the worker's prefill compute is next free (prefill contention).
+    prefill_free_at: Mutex<tokio::time::Instant>,
     /// Set when the server should stop accepting (graceful phase).
     stop: watch::Sender<bool>,
     /// Set when in-flight answers must end now.
@@ -73,6 +75,7 @@ impl AppState {
             dice: Dice::new(opts.seed),
             counters: Counters::default(),
             next_id: AtomicU64::new(0),
+            prefill_free_at: Mutex::new(tokio::time::Instant::now()),
             stop: watch::Sender::new(false),
             cut: watch::Sender::new(false),
             opts,
@@ -115,6 +118,22 @@ impl AppState {
     }
 
     /// Sleeps `d`, unless in-flight answers are being cut.
+    /// Time to first token for a request admitted now: its own prefill, queued behind the prefill
+    /// already admitted when contention is modelled.
+    fn ttft_now(&self, uncached_tokens: u32) -> Duration {
+        let own = ttft(uncached_tokens, &self.opts);
+        if !self.opts.prefill_contention {
+            return own;
+        }
+        let base = Duration::from_millis(self.opts.ttft_base_ms);
+        let work = own.saturating_sub(base);
+        let now = tokio::time::Instant::now();
+        let mut free_at = self.prefill_free_at.lock().unwrap_or_else(|e| e.into_inner());
+        let start = (*free_at).max(now);
+        *free_at = start + work;
+        (*free_at - now) + base
+    }
+
     async fn pause(&self, d: Duration) -> Result<(), SimError> {
         let mut cut = self.cut.subscribe();
         if *cut.borrow_and_update() {
@@ -470,7 +489,9 @@ fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<
 
 async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
     let admitted = state.admit(&job.prompt).await?;
-    state.pause(generation_time(admitted.uncached_tokens, job.output_tokens, &state.opts)).await?;
+    let decodes = job.output_tokens.saturating_sub(1);
+    let total = state.ttft_now(admitted.uncached_tokens).saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
+    state.pause(total).await?;
     state.counters.generation_tokens.fetch_add(u64::from(job.output_tokens), Relaxed);
     tracker.finish();
     let text: String = (0..job.output_tokens).map(token_text).collect();
@@ -561,7 +582,7 @@ impl Generation {
                         Ok(a) => a,
                         Err(e) => return Some(Err(e)),
                     };
-                    if let Err(e) = self.state.pause(ttft(admitted.uncached_tokens, opts)).await {
+                    if let Err(e) = self.state.pause(self.state.ttft_now(admitted.uncached_tokens)).await {
                         return Some(Err(e));
                     }
                     self.admitted = Some(admitted);
