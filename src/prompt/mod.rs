@@ -8,6 +8,7 @@ mod bundled;
 mod context;
 mod env;
 mod pyjson;
+mod segments;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,6 +38,7 @@ pub struct PromptModel {
 
 struct Inner {
     tokenizer: Tokenizer,
+    segments: segments::SegmentEncoder,
     env: minijinja::Environment<'static>,
     template_names: Vec<String>,
     /// `bos_token`, `eos_token`, … as HF passes them to every render.
@@ -153,6 +155,7 @@ impl PromptModel {
         }
         Ok(PromptModel {
             inner: Arc::new(Inner {
+                segments: segments::SegmentEncoder::new(&tokenizer),
                 tokenizer,
                 env,
                 template_names: templates.into_iter().map(|(n, _)| n).collect(),
@@ -224,7 +227,12 @@ impl PromptModel {
     /// Token ids of `text`, adding no special tokens (the template already has them), as vLLM
     /// tokenizes a rendered chat.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, PlanError> {
-        self.encode_with(text, false)
+        self.inner.segments.encode(&self.inner.tokenizer, text).map_err(|e| PlanError::TokenizeFailed(e.to_string()))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
     }
 
     /// Token ids with the tokenizer's post-processor specials (e.g. BOS) when `add_special`.

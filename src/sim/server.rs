@@ -490,7 +490,8 @@ fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<
 async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
     let admitted = state.admit(&job.prompt).await?;
     let decodes = job.output_tokens.saturating_sub(1);
-    let total = state.ttft_now(admitted.uncached_tokens).saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
+    let total =
+        state.ttft_now(admitted.uncached_tokens).saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
     state.pause(total).await?;
     state.counters.generation_tokens.fetch_add(u64::from(job.output_tokens), Relaxed);
     tracker.finish();
