@@ -103,7 +103,7 @@ struct Case {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_matrix() {
-    let _lock = metrics_lock();
+    let _lock = metrics_lock().await;
     let ok_a = png_data_url(640, 480, 10);
     let ok_b = png_data_url(800, 600, 20);
     let failing = png_data_url(333, 222, 30); // the fake counter fails on width 333
@@ -240,7 +240,7 @@ async fn debug_route(url: &str, body: &[u8]) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
-    let _lock = metrics_lock();
+    let _lock = metrics_lock().await;
     let c = cluster_with(sims(4, fast).await, "[media]\nallow_cidrs = [\"127.0.0.0/8\"]").await;
     let rocket = data_url("rocket.jpg");
     let body = chat_body(std::slice::from_ref(&rocket), "What is shown here? Answer briefly.", false);
@@ -272,7 +272,7 @@ async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extreme_aspect_ratio_falls_back_with_its_reason() {
-    let _lock = metrics_lock();
+    let _lock = metrics_lock().await;
     let c = cluster_with(sims(4, fast).await, "").await;
     let body = chat_body(&[png_data_url(5000, 20, 1)], "What is this strip?", false);
     let plan = debug_route(&c.url, &body).await;
@@ -293,7 +293,7 @@ async fn drift(url: &str) -> (f64, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_is_measured_from_worker_usage() {
-    let _lock = metrics_lock();
+    let _lock = metrics_lock().await;
     // Knob on: the worker over-reports by 7, stream (with usage) and non-stream.
     let c = cluster_with(
         sims(1, |o| {

@@ -1,7 +1,7 @@
 //! Shared test harness: real sims and a real proxy on 127.0.0.1 ephemeral ports.
 #![allow(dead_code)]
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use mmrouter::config::Config;
 use mmrouter::server::AppState;
@@ -14,9 +14,9 @@ pub struct Cluster {
 }
 
 /// Tests that read global metric deltas take this lock so they do not see each other's requests.
-pub fn metrics_lock() -> MutexGuard<'static, ()> {
-    static LOCK: OnceLock<Mutex<()>> = OnceLock::new();
-    LOCK.get_or_init(|| Mutex::new(())).lock().unwrap_or_else(|e| e.into_inner())
+pub async fn metrics_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
+    LOCK.get_or_init(|| tokio::sync::Mutex::new(())).lock().await
 }
 
 pub fn unique(prefix: &str) -> String {
