@@ -210,6 +210,13 @@ async fn forward_planned(
             },
         );
         let worker = &st.workers[w];
+        if attempt == 0 {
+            // Counted once per request, at dispatch, whatever the worker answers.
+            plan.observe_dispatch(overlap);
+        }
+        // Approximate index: the worker holds these blocks from admission on, so a concurrent request
+        // with the same prefix already sees them (text-prefix plans carry no image keys).
+        st.router.record(w, &plan.blocks);
         let sent_at = Instant::now();
         let result = st.upstream.send(&worker.url, method.clone(), path, headers, bytes.clone()).await;
         let resp = match result {
@@ -236,11 +243,6 @@ async fn forward_planned(
         let status = resp.status();
         metrics::counter!(m::UPSTREAM_REQUESTS_TOTAL, "worker" => worker.name.clone(), "status" => status.as_str().to_owned())
             .increment(1);
-        // Approximate index: the worker now holds these blocks (text-prefix plans carry no image keys).
-        if status.is_success() {
-            st.router.record(w, &plan.blocks);
-        }
-        plan.observe_dispatch(overlap);
         metrics::counter!(m::REQUESTS_TOTAL, "route" => plan.route.label(), "status" => status.as_str().to_owned())
             .increment(1);
         return relay(st, plan, resp, guard, &worker.name);
