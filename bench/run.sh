@@ -3,8 +3,12 @@
 #   (a) direct round-robin to the simulated workers (the load generator spreads requests itself),
 #   (b) mmrouter round_robin, (c) mmrouter kv with exact_accounting = false (text-prefix only),
 #   (d) mmrouter kv exact, (e) sglang-router cache_aware, (f) vllm-router cache_aware,
-# each against freshly started `mmrouter sim` workers (cold caches, bounded KV, a timing model),
-# plus an overhead table (zero-time sims, sequential requests, text and one 150 KB image).
+# each against freshly started `mmrouter sim` workers (cold caches, bounded KV, a timing model,
+# prefill contention), plus rows replaying the workload one request at a time (concurrency 1: no
+# load to balance) through mmrouter kv exact and sglang-router, and straight to one sim whose KV
+# cache never evicts (the workload's reuse ceiling: every block seen before is cached); then an
+# overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
+# throughput table (two zero-time sims, closed loop, concurrency 16, the same requests).
 #
 # Everything listens on 127.0.0.1 only. After the build and the PyPI installs the script re-runs
 # itself inside a network namespace where only loopback exists (`unshare -rn`), so no router can
@@ -33,7 +37,7 @@ for arg in "$@"; do
     --no-peers) PEERS=0 ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,20p' "$0"
+      sed -n '2,24p' "$0"
       exit 0
       ;;
     *)
@@ -57,7 +61,10 @@ log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # ---------------------------------------------------------------------------------------------
 install_peer() { # name package version -> writes $WORK/peer-<name>.status ("ok" or the reason)
   local name=$1 pkg=$2 version=$3 dir="$VENV/$1" status="$WORK/peer-$1.status"
-  if [[ -x "$dir/bin/python" ]] && "$dir/bin/python" -m pip show "$pkg" 2>/dev/null | grep -qx "Version: $version"; then
+  # Read the whole `pip show` output: `grep -q` would close the pipe early and, under pipefail, turn
+  # pip's SIGPIPE into a failed check (and a needless reinstall).
+  if [[ -x "$dir/bin/python" ]] &&
+    [[ $("$dir/bin/python" -m pip show "$pkg" 2>/dev/null | sed -n 's/^Version: //p') == "$version" ]]; then
     echo ok >"$status"
     return
   fi
@@ -72,6 +79,7 @@ install_peer() { # name package version -> writes $WORK/peer-<name>.status ("ok"
 }
 
 if [[ $PHASE == prepare ]]; then
+  export BENCH_START=${BENCH_START:-$(date +%s)}
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/mmrouter-bench.XXXXXX")
   if [[ $BUILD == 1 ]]; then
     log "cargo build --release"
@@ -106,12 +114,18 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_PROXY='*' no_proxy='*' RUST_LOG=${RUST_LOG:-warn}
 unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY all_proxy
 
+# THRU_*: requests per measured throughput repetition (THRU_REPS of them, after a warm-up of
+# THRU_WARMUP); the text requests are small and fast, so they get more to last long enough to time.
 if [[ $QUICK == 1 ]]; then
-  N_SIMS=4 CONVERSATIONS=24 TURNS=3 CONCURRENCY=8 OVERHEAD_N=300
+  N_SIMS=4 CONVERSATIONS=24 TURNS=3 CONCURRENCY=8 OVERHEAD_N=600
+  THRU_TEXT_N=3000 THRU_IMAGE_N=600 THRU_REPS=5
 else
   N_SIMS=4 CONVERSATIONS=96 TURNS=4 CONCURRENCY=16 OVERHEAD_N=2000
+  THRU_TEXT_N=20000 THRU_IMAGE_N=2000 THRU_REPS=5
 fi
+THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
+CEILING_KV_BLOCKS=4000000 # 64M tokens: far more than any workload here, so nothing is evicted
 TTFT_BASE_MS=${SIM_TTFT_BASE_MS:-5}
 PREFILL_US=${SIM_PREFILL_US:-20}
 DECODE_MS=${SIM_DECODE_MS:-1}
@@ -161,15 +175,15 @@ SIM_HOST_ARG=()
 
 SIM_URLS=()
 SIM_PIDS=()
-# start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS: fresh workers (cold caches).
+# start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS [KV_BLOCKS]: fresh workers (cold caches).
 start_sims() {
-  local n=$1 ttft=$2 prefill=$3 decode=$4 i port pid
+  local n=$1 ttft=$2 prefill=$3 decode=$4 kv=${5:-$KV_BLOCKS} i port pid
   SIM_URLS=()
   SIM_PIDS=()
   for i in $(seq 0 $((n - 1))); do
     port=$(free_port)
     "$MMR" sim "${SIM_HOST_ARG[@]+"${SIM_HOST_ARG[@]}"}" --port "$port" --name "sim$i" --block-size 16 \
-      --kv-blocks "$KV_BLOCKS" --ttft-base-ms "$ttft" --prefill-us-per-token "$prefill" \
+      --kv-blocks "$kv" --ttft-base-ms "$ttft" --prefill-us-per-token "$prefill" \
       --decode-ms-per-token "$decode" --max-output-tokens "$MAX_TOKENS" --seed "$((SEED + i))" \
       >"$WORK/sim$i.log" 2>&1 &
     pid=$!
@@ -262,32 +276,58 @@ start_router() {
 
 stop_router() { [[ -z $ROUTER_PID ]] || stop_pids "$ROUTER_PID"; ROUTER_PID=; }
 
+# cpu_ticks PID: Σ utime + stime (clock ticks) of PID and its descendants, from one pass over /proc.
+cpu_ticks() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '
+    { pid = $1; sub(/^.*\) /, ""); parent[pid] = $2; ticks[pid] = $12 + $13 }
+    END {
+      mine[root] = 1
+      for (grew = 1; grew;) { grew = 0; for (p in parent) if (!(p in mine) && (parent[p] in mine)) { mine[p] = 1; grew = 1 } }
+      for (p in mine) s += ticks[p]
+      printf "%d", s
+    }'
+}
+CLK_TCK=$(getconf CLK_TCK)
+
 # ---------------------------------------------------------------------------------------------
 log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
 IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
 "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
-# Overhead requests are non-streaming: the proxy's own cost, without stream-flushing effects.
-"$LOADGEN" workload --seed "$SEED" --shape text --conversations "$OVERHEAD_N" --max-tokens 1 --no-stream \
-  --out "$WORK/overhead-text.jsonl" >&2
-"$LOADGEN" workload --seed "$SEED" --shape single-image --image-bytes 150000 --conversations "$OVERHEAD_N" \
-  --max-tokens 1 --no-stream --out "$WORK/overhead-image.jsonl" >&2
+# Overhead and throughput requests are non-streaming: the proxy's own cost, without stream-flushing
+# effects. One file per shape serves both sections (--max-requests cuts the shorter runs).
+TEXT_N=$((OVERHEAD_N > THRU_TEXT_N ? OVERHEAD_N : THRU_TEXT_N))
+IMAGE_N=$((OVERHEAD_N > THRU_IMAGE_N ? OVERHEAD_N : THRU_IMAGE_N))
+"$LOADGEN" workload --seed "$SEED" --shape text --conversations "$TEXT_N" --max-tokens 1 --no-stream \
+  --out "$WORK/shape-text.jsonl" >&2
+"$LOADGEN" workload --seed "$SEED" --shape single-image --image-bytes 150000 --conversations "$IMAGE_N" \
+  --max-tokens 1 --no-stream --out "$WORK/shape-image.jsonl" >&2
 
 ROWS="$WORK/rows.tsv"
 : >"$ROWS"
+# name|kind|title|concurrency (empty: $CONCURRENCY)
 RUNS=(
-  "direct-rr|direct|direct round-robin (no router)"
-  "mmrouter-rr|mmrouter:round_robin:true|mmrouter round_robin"
-  "mmrouter-kv-text|mmrouter:kv:false|mmrouter kv, text prefix only"
-  "mmrouter-kv-exact|mmrouter:kv:true|mmrouter kv, exact image accounting"
-  "sglang-router|sgl|sglang-router $SGL_VERSION cache_aware"
-  "vllm-router|vllmr|vllm-router $VLLMR_VERSION cache_aware"
+  "direct-rr|direct|direct round-robin (no router)|"
+  "mmrouter-rr|mmrouter:round_robin:true|mmrouter round_robin|"
+  "mmrouter-kv-text|mmrouter:kv:false|mmrouter kv, text prefix only|"
+  "mmrouter-kv-exact|mmrouter:kv:true|mmrouter kv, exact image accounting|"
+  "sglang-router|sgl|sglang-router $SGL_VERSION cache_aware|"
+  "vllm-router|vllmr|vllm-router $VLLMR_VERSION cache_aware|"
+  "mmrouter-kv-exact-c1|mmrouter:kv:true|mmrouter kv exact, concurrency 1|1"
+  "sglang-router-c1|sgl|sglang-router cache_aware, concurrency 1|1"
+  "reuse-ceiling|ceiling|reuse ceiling: one sim, KV never evicts, concurrency 1 (no router)|1"
 )
 for run in "${RUNS[@]}"; do
-  IFS='|' read -r name kind title <<<"$run"
-  log "run $name: $title"
-  start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS"
+  IFS='|' read -r name kind title conc <<<"$run"
+  conc=${conc:-$CONCURRENCY}
+  log "run $name: $title (concurrency $conc)"
+  if [[ $kind == ceiling ]]; then
+    kind=direct
+    start_sims 1 "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS" "$CEILING_KV_BLOCKS"
+  else
+    start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS"
+  fi
   if ! start_router "$kind" "$name"; then
     printf '%s\t%s\tn/a (%s)\t\t\t\n' "$name" "$title" "$ROUTER_ERR" >>"$ROWS"
     log "$name: n/a ($ROUTER_ERR)"
@@ -301,12 +341,16 @@ for run in "${RUNS[@]}"; do
     urls=(--url "$ROUTER_URL")
   fi
   status=ok
-  "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/workload.jsonl" --concurrency "$CONCURRENCY" \
+  "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/workload.jsonl" --concurrency "$conc" \
     --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" >&2 || status="n/a (loadgen failed)"
   fallbacks=
   [[ $kind == mmrouter:* ]] && fallbacks=$(counter_sum "$ROUTER_METRICS" mmrouter_mm_fallback_total || true)
   ttft=$(sims_ttft_ms || true)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$title" "$status" "$WORK/$name.json" "$fallbacks" "$ttft" >>"$ROWS"
+  # How the prompt tokens spread over the sims (any router, from the sims' own counters).
+  split=$(for u in "${SIM_URLS[@]}"; do counter_sum "$u/metrics" 'vllm:prompt_tokens_total' || true; echo; done |
+    paste -sd, -)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$title" "$status" "$WORK/$name.json" "$fallbacks" "$ttft" \
+    "$split" >>"$ROWS"
   stop_router
   stop_sims
 done
@@ -314,7 +358,7 @@ done
 # Overhead: one zero-time sim, sequential requests, direct vs through each router.
 OVER="$WORK/overhead.tsv"
 : >"$OVER"
-log "overhead: $OVERHEAD_N sequential requests per shape, zero-time sim"
+log "overhead: $OVERHEAD_N sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), zero-time sim"
 for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
   IFS='|' read -r title kind <<<"$run"
   name="overhead-${kind//:/-}"
@@ -326,20 +370,77 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
   fi
   url=${ROUTER_URL:-${SIM_URLS[0]}}
   for shape in text image; do
-    "$LOADGEN" loadgen --url "$url" --workload "$WORK/overhead-$shape.jsonl" --concurrency 1 \
-      --timeout-secs 30 --label "$name-$shape" --json-out "$WORK/$name-$shape.json" >&2 || true
+    # Warm-up (connections, caches), not measured.
+    "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
+      --max-requests "$OVERHEAD_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
+    # mmrouter's own stage histograms around the measured requests (report.py takes the difference).
+    if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.before.prom" || true; fi
+    "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
+      --max-requests "$OVERHEAD_N" --timeout-secs 30 --label "$name-$shape" \
+      --json-out "$WORK/$name-$shape.json" >&2 || true
+    if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.after.prom" || true; fi
   done
   printf '%s\tok\t%s\t%s\n' "$title" "$WORK/$name-text.json" "$WORK/$name-image.json" >>"$OVER"
   stop_router
   stop_sims
 done
 
+# Throughput: two zero-time sims, closed loop; direct spreads round-robin over both sims itself.
+THRU="$WORK/throughput.tsv"
+: >"$THRU"
+log "throughput: $THRU_REPS x ($THRU_TEXT_N text, $THRU_IMAGE_N image) requests, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims"
+for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
+  IFS='|' read -r title kind <<<"$run"
+  name="throughput-${kind//:/-}"
+  start_sims "$THRU_SIMS" 0 0 0
+  if ! start_router "$kind" "$name"; then
+    printf '%s\tn/a (%s)\t\t\n' "$title" "$ROUTER_ERR" >>"$THRU"
+    stop_sims
+    continue
+  fi
+  urls=()
+  if [[ $kind == direct ]]; then
+    for u in "${SIM_URLS[@]}"; do urls+=(--url "$u"); done
+  else
+    urls=(--url "$ROUTER_URL")
+  fi
+  files=() cpu=()
+  for shape in text image; do
+    n=$([[ $shape == text ]] && echo "$THRU_TEXT_N" || echo "$THRU_IMAGE_N")
+    "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
+      --max-requests "$THRU_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
+    reps=()
+    ticks0=$([[ -n $ROUTER_PID ]] && cpu_ticks "$ROUTER_PID" || echo 0)
+    for rep in $(seq 1 "$THRU_REPS"); do
+      "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
+        --max-requests "$n" --timeout-secs 30 --label "$name-$shape-$rep" \
+        --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 || true
+      reps+=("$WORK/$name-$shape-$rep.json")
+    done
+    files+=("$(IFS=,; echo "${reps[*]}")")
+    # The router process's CPU time per request sent (its own cost, whatever the cores' sharing).
+    if [[ -n $ROUTER_PID ]]; then
+      ticks1=$(cpu_ticks "$ROUTER_PID")
+      cpu+=("$(awk -v d="$((ticks1 - ticks0))" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
+        'BEGIN { printf "%.0f", 1e6 * d / hz / n }')")
+    else
+      cpu+=("")
+    fi
+  done
+  printf '%s\tok\t%s\t%s\t%s\t%s\n' "$title" "${files[0]}" "${files[1]}" "${cpu[0]}" "${cpu[1]}" >>"$THRU"
+  stop_router
+  stop_sims
+done
+
 mkdir -p "$BENCH/results"
+ELAPSED=$(($(date +%s) - ${BENCH_START:-$(date +%s)}))
 PARAMS="$([[ $QUICK == 1 ]] && echo quick || echo full) run, $(date -u +%Y-%m-%dT%H:%MZ); $N_SIMS sims (block 16, \
 kv-blocks $KV_BLOCKS, ttft-base ${TTFT_BASE_MS} ms, prefill ${PREFILL_US} us/token, decode ${DECODE_MS} ms/token, \
 max $MAX_TOKENS output tokens); workload seed $SEED, $CONVERSATIONS conversations x $TURNS turns, closed loop \
-concurrency $CONCURRENCY; overhead: $OVERHEAD_N sequential requests per shape on one zero-time sim"
-python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --params "$PARAMS" \
+concurrency $CONCURRENCY; overhead: $OVERHEAD_N sequential requests per shape on one zero-time sim; throughput: \
+$THRU_REPS runs of $THRU_TEXT_N text / $THRU_IMAGE_N image requests, closed loop concurrency $THRU_CONCURRENCY, \
+$THRU_SIMS zero-time sims; script wall time ${ELAPSED} s ($(nproc) CPUs)"
+python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --params "$PARAMS" \
   --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$BENCH/results/latest.md"
 cat "$BENCH/results/latest.md"
 log "raw results in $WORK"
