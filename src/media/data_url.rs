@@ -71,17 +71,7 @@ pub(crate) fn parse(url: &str) -> Result<DataUrl<'_>, MediaError> {
     // Fast path: plain standard base64 with at most two trailing '='.
     let body = payload.trim_end_matches('=');
     if payload.len() - body.len() <= 2 && body.bytes().all(|b| STD_ALPHABET[b as usize]) {
-        let chars = body.len();
-        let decoded_len = match chars % 4 {
-            0 => chars / 4 * 3,
-            2 => chars / 4 * 3 + 1,
-            3 => chars / 4 * 3 + 2,
-            _ => return Err(invalid("base64 payload length is impossible (4n+1 characters)")),
-        };
-        if decoded_len == 0 {
-            return Err(invalid("empty payload"));
-        }
-        return Ok(DataUrl { payload: body, decoded_len, clean: true });
+        return Ok(DataUrl { payload: body, decoded_len: decoded_len(body.len())?, clean: true });
     }
 
     // One pass over the bytes: count the significant characters and check that '=' only trails.
@@ -99,16 +89,22 @@ pub(crate) fn parse(url: &str) -> Result<DataUrl<'_>, MediaError> {
             chars += 1;
         }
     }
-    let decoded_len = match chars % 4 {
+    Ok(DataUrl { payload, decoded_len: decoded_len(chars)?, clean: false })
+}
+
+/// Bytes that `chars` significant base64 characters decode to.
+fn decoded_len(chars: usize) -> Result<usize, MediaError> {
+    let invalid = |why: &str| MediaError::InvalidDataUrl(why.to_string());
+    let len = match chars % 4 {
         0 => chars / 4 * 3,
         2 => chars / 4 * 3 + 1,
         3 => chars / 4 * 3 + 2,
         _ => return Err(invalid("base64 payload length is impossible (4n+1 characters)")),
     };
-    if decoded_len == 0 {
+    if len == 0 {
         return Err(invalid("empty payload"));
     }
-    Ok(DataUrl { payload, decoded_len, clean: false })
+    Ok(len)
 }
 
 impl DataUrl<'_> {
