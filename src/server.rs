@@ -79,9 +79,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = AppState::new(&cfg)?;
-    if cfg.server.health_interval_ms > 0 {
-        spawn_health_checks(state.clone(), Duration::from_millis(cfg.server.health_interval_ms));
-    }
+    spawn_health_checks(&state, cfg.server.health_interval_ms);
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }
@@ -100,9 +98,7 @@ pub async fn spawn_state(
     listener: tokio::net::TcpListener,
 ) -> anyhow::Result<(SocketAddr, Arc<AppState>)> {
     let addr = listener.local_addr()?;
-    if cfg.server.health_interval_ms > 0 {
-        spawn_health_checks(state.clone(), Duration::from_millis(cfg.server.health_interval_ms));
-    }
+    spawn_health_checks(&state, cfg.server.health_interval_ms);
     let app = app(state.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -112,7 +108,12 @@ pub async fn spawn_state(
     Ok((addr, state))
 }
 
-fn spawn_health_checks(state: Arc<AppState>, every: Duration) {
+/// Polls every worker's `/health` each `interval_ms` (0: no active checks).
+fn spawn_health_checks(state: &Arc<AppState>, interval_ms: u64) {
+    if interval_ms == 0 {
+        return;
+    }
+    let every = Duration::from_millis(interval_ms);
     let client = match crate::http_client_builder().timeout(every.max(Duration::from_millis(500))).build() {
         Ok(c) => c,
         Err(e) => {
@@ -121,8 +122,7 @@ fn spawn_health_checks(state: Arc<AppState>, every: Duration) {
         }
     };
     // Holding only a weak reference lets an embedded proxy (tests, demo) be dropped cleanly.
-    let weak = Arc::downgrade(&state);
-    drop(state);
+    let weak = Arc::downgrade(state);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
