@@ -14,13 +14,18 @@ pub struct ExactPrompter {
 }
 
 impl ExactPrompter {
-    /// `model` is a bundled profile name or an HF model directory.
-    pub fn new(model: &str, block_size: u32) -> anyhow::Result<ExactPrompter> {
+    /// `model` is a bundled profile name or an HF model directory; image URLs are fetched only from
+    /// `fetch_cidrs` (and `localhost`), never from anywhere else.
+    pub fn new(model: &str, block_size: u32, fetch_cidrs: &[String]) -> anyhow::Result<ExactPrompter> {
         let mut cfg = Config::parse(&format!(
-            "[model]\ndir = {model:?}\nblock_size = {block_size}\n[[workers]]\nname = \"self\"\nurl = \"http://127.0.0.1:1\"\n[media]\nallow_private = true\n"
+            "[model]\ndir = {model:?}\nblock_size = {block_size}\n[[workers]]\nname = \"self\"\nurl = \"http://127.0.0.1:1\"\n"
         ))?;
-        // A worker fetches whatever URL it is given; the SSRF guard is the router's concern.
-        cfg.media.allow_private = true;
+        // A real worker fetches whatever URL it is given; the sim is confined to an allowlist (loopback
+        // by default) so a forwarded test URL can never reach another machine.
+        cfg.media.allow_public = false;
+        cfg.media.allow_cidrs = fetch_cidrs.to_vec();
+        cfg.media.allow_hosts = vec!["localhost".to_owned()];
+        cfg.validate()?;
         Ok(ExactPrompter { pipeline: Pipeline::new(&cfg)?, rt: tokio::runtime::Handle::current() })
     }
 }
@@ -58,13 +63,13 @@ impl Prompter for ExactPrompter {
 /// `mmrouter sim`: one simulated worker until `shutdown`.
 pub async fn run_sim(opts: SimOptions, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let model = opts.model_dir.clone().unwrap_or_else(|| "qwen3-vl".to_owned());
-    let prompter = ExactPrompter::new(&model, opts.block_size as u32)?;
+    let prompter = ExactPrompter::new(&model, opts.block_size as u32, &opts.fetch_allow_cidrs)?;
     crate::sim::run(opts, Arc::new(prompter), shutdown).await
 }
 
 /// Starts a sim whose prompter is the exact pipeline for `opts.model_dir` (bundled qwen3-vl by default).
 pub async fn spawn_sim(opts: SimOptions) -> anyhow::Result<crate::sim::SimHandle> {
     let model = opts.model_dir.clone().unwrap_or_else(|| "qwen3-vl".to_owned());
-    let prompter = ExactPrompter::new(&model, opts.block_size as u32)?;
+    let prompter = ExactPrompter::new(&model, opts.block_size as u32, &opts.fetch_allow_cidrs)?;
     crate::sim::spawn(opts, Arc::new(prompter)).await
 }

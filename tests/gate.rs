@@ -132,7 +132,7 @@ async fn the_gate_matrix() {
         Case {
             name: "failure in intake",
             model: Model::Failing { width: 333 },
-            images: vec![ok_a.clone(), "http://169.254.169.254/latest/meta-data/x.png".to_owned()],
+            images: vec![ok_a.clone(), "http://[::1]:9/x.png".to_owned()],
             route: "text_prefix",
             reason: Some("fetch_blocked"),
         },

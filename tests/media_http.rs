@@ -100,7 +100,7 @@ async fn redirects_are_followed_rechecked_and_bounded() {
     let server = TestServer::start(vec![
         ("/img.png", Reply::Body { body: fixture("horse.png"), honor_range: true }),
         ("/ok", Reply::Redirect("/img.png".into())),
-        ("/to-metadata", Reply::Redirect("http://169.254.169.254/latest/meta-data/".into())),
+        ("/to-metadata", Reply::Redirect("http://[::ffff:127.0.0.2]:9/latest/meta-data/".into())),
         ("/to-file", Reply::Redirect("file:///etc/passwd".into())),
         ("/to-octal-loopback", Reply::Redirect("http://0177.0.0.2/".into())),
         ("/loop", Reply::Redirect("/loop".into())),

@@ -122,7 +122,7 @@ async fn loopback_is_reachable_only_when_configured() {
 #[tokio::test]
 async fn a_narrow_allowance_does_not_open_neighbours() {
     let cfg = MediaConfig { allow_cidrs: vec!["127.0.0.1/32".into()], ..MediaConfig::default() };
-    for url in ["http://127.0.0.2/", "http://[::1]/", "http://169.254.169.254/"] {
+    for url in ["http://127.0.0.2/", "http://[::1]/", "http://2130706434/", "http://[::ffff:127.0.0.3]/"] {
         assert!(fetch(cfg.clone(), url).await.unwrap_err().is_blocked(), "{url}");
     }
 }

@@ -247,7 +247,7 @@ async fn models_health_passthrough_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_image_urls_fall_back_or_are_rejected_as_configured() {
-    let blocked = "http://169.254.169.254/latest/meta-data/cat.png".to_owned();
+    let blocked = "http://2130706434:9/cat.png".to_owned();
     // Default: the request still reaches a worker unchanged, routed on its text prefix.
     let c = cluster_with(sims(1, fast).await, "").await;
     let body = chat_body(std::slice::from_ref(&blocked), "what is this?", false);

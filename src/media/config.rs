@@ -38,6 +38,8 @@ pub struct MediaConfig {
     pub allow_cidrs: Vec<String>,
     /// Turns the SSRF guard off entirely (trusted networks only).
     pub allow_private: bool,
+    /// Public addresses may be fetched; false: only `allow_cidrs` / `allow_hosts` (an allowlist).
+    pub allow_public: bool,
     /// Answer 400 for a blocked URL instead of falling back to text-prefix routing.
     pub reject_blocked_urls: bool,
     /// How long a fetched URL's identity and size are reused; 0 disables the cache.
@@ -64,6 +66,7 @@ impl Default for MediaConfig {
             allow_hosts: Vec::new(),
             allow_cidrs: Vec::new(),
             allow_private: false,
+            allow_public: true,
             reject_blocked_urls: false,
             url_cache_ttl_secs: 300,
             url_cache_entries: 4096,

@@ -17,7 +17,9 @@
 //!
 //! Exceptions: `allow_hosts` entries (`name` or `name:port`) skip the checks for that host, and
 //! `allow_cidrs` ranges make their addresses acceptable (literal or resolved, any port).
-//! `allow_private = true` disables the guard except for the scheme check.
+//! `allow_private = true` disables the guard except for the scheme check. `allow_public = false` narrows
+//! it the other way: only `allow_cidrs` addresses and `allow_hosts` names may be fetched (the simulator
+//! runs this way, loopback only, so a test can never make it fetch from outside the machine).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -139,6 +141,8 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
 #[derive(Debug)]
 pub(crate) struct Guard {
     disabled: bool,
+    /// Addresses outside every blocked range are acceptable (`media.allow_public`).
+    allow_public: bool,
     allow_hosts: Vec<AllowedHost>,
     allow_cidrs: Vec<IpNet>,
     blocked_v4: Vec<(IpNet, &'static str)>,
@@ -168,6 +172,7 @@ impl Guard {
             .collect::<Result<_, _>>()?;
         Ok(Guard {
             disabled: cfg.allow_private,
+            allow_public: cfg.allow_public,
             allow_hosts,
             allow_cidrs,
             blocked_v4: nets(BLOCKED_V4),
@@ -200,7 +205,7 @@ impl Guard {
 
     /// May a connection go to `ip`?
     pub(crate) fn ip_allowed(&self, ip: IpAddr) -> bool {
-        self.disabled || self.in_allowed_cidr(ip) || self.blocked_range(ip).is_none()
+        self.disabled || self.in_allowed_cidr(ip) || (self.allow_public && self.blocked_range(ip).is_none())
     }
 
     /// Is this host name exempt from address filtering (any port)? Used by the resolver, which
@@ -257,7 +262,7 @@ impl Guard {
             return Err(MediaError::FetchFailed(format!("'{host}' has no addresses")));
         }
         if let Some(bad) = addrs.iter().find(|a| !self.ip_allowed(a.ip())) {
-            let why = self.blocked_range(bad.ip()).unwrap_or("blocked");
+            let why = self.blocked_range(bad.ip()).unwrap_or("not in media.allow_cidrs");
             return Err(MediaError::FetchBlocked(format!("'{host}' resolves to {} ({why})", bad.ip())));
         }
         Ok(())
@@ -367,6 +372,24 @@ mod tests {
         // Raw-IP URLs are refused even when public, unless allowed.
         assert!(check(&g, "http://8.8.8.8/").is_err());
         assert!(check(&guard(&["8.8.8.0/24"], &[]), "http://8.8.8.8:8443/").is_ok());
+    }
+
+    #[test]
+    fn allow_public_false_admits_only_the_allowed_ranges() {
+        let g = Guard::new(&MediaConfig {
+            allow_public: false,
+            allow_cidrs: vec!["127.0.0.0/8".into(), "::1/128".into()],
+            ..MediaConfig::default()
+        })
+        .unwrap();
+        for ip in ["8.8.8.8", "2606:4700::1111", "169.254.169.254", "10.0.0.1", "::ffff:8.8.8.8"] {
+            assert!(!g.ip_allowed(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"] {
+            assert!(g.ip_allowed(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(check(&g, "http://8.8.8.8/").is_err());
+        assert_eq!(check(&g, "http://127.0.0.2:9/").unwrap(), Verdict::Allowed);
     }
 
     #[test]

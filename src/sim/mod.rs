@@ -121,6 +121,15 @@ pub struct SimOptions {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Address ranges the simulator may fetch image URLs from (repeatable). Loopback only by default,
+    /// so nothing a test forwards to a sim can make it contact another machine.
+    #[arg(long = "fetch-allow-cidr", default_values_t = default_fetch_cidrs())]
+    pub fetch_allow_cidrs: Vec<String>,
+}
+
+/// The simulator fetches image URLs from loopback only unless told otherwise.
+pub fn default_fetch_cidrs() -> Vec<String> {
+    vec!["127.0.0.0/8".to_owned(), "::1/128".to_owned()]
 }
 
 impl Default for SimOptions {
@@ -146,6 +155,7 @@ impl Default for SimOptions {
             seed: 0,
             model_dir: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            fetch_allow_cidrs: default_fetch_cidrs(),
         }
     }
 }
