@@ -1,34 +1,44 @@
-//! The one TOML configuration file (`config/mmrouter.toml` is the documented example).
+//! The configuration, in two forms (ripgrep's low-level → high-level arguments are the model):
 //!
-//! Every section rejects unknown keys, and every invalid value is reported with the key that holds it,
-//! so a typo never silently becomes a default.
+//! * [`ConfigFile`]: the TOML file as written (`config/mmrouter.toml` is the documented example).
+//!   Every section rejects unknown keys, so a typo never silently becomes a default.
+//! * [`Settings`]: the same, validated once into typed values (addresses, durations, the model
+//!   source, the family). Everything at run time is built from a `Settings`; `demo` and the tests
+//!   build one directly instead of writing TOML.
+//!
+//! Every invalid value is reported with the key that holds it.
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
+use mmrouter_core::accounting::Family;
+use mmrouter_core::media::MediaConfig;
+use mmrouter_core::model::{ModelSource, ModelSpec};
+use mmrouter_core::pipeline::PipelineConfig;
+use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 use serde::Deserialize;
 
-use crate::media::MediaConfig;
-use crate::routing::RoutingConfig;
-
-#[derive(Clone, Debug, Deserialize)]
+/// The file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+pub struct ConfigFile {
     #[serde(default)]
-    pub server: ServerConfig,
+    pub server: ServerSection,
     #[serde(default)]
-    pub model: ModelConfig,
+    pub model: ModelSection,
     #[serde(default)]
-    pub workers: Vec<WorkerConfig>,
+    pub workers: Vec<WorkerSection>,
     #[serde(default)]
     pub routing: RoutingConfig,
     #[serde(default)]
     pub media: MediaConfig,
 }
 
+/// `[server]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
+pub struct ServerSection {
     /// Address the proxy listens on.
     pub listen: String,
     /// Largest request body accepted; larger bodies get an OpenAI-shaped 413 and nothing is forwarded.
@@ -43,9 +53,9 @@ pub struct ServerConfig {
     pub health_interval_ms: u64,
 }
 
-impl Default for ServerConfig {
+impl Default for ServerSection {
     fn default() -> Self {
-        ServerConfig {
+        ServerSection {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 64 * 1024 * 1024,
             connect_timeout_ms: 2_000,
@@ -56,9 +66,10 @@ impl Default for ServerConfig {
     }
 }
 
+/// `[model]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
+pub struct ModelSection {
     /// A bundled profile name (`qwen3-vl`, `qwen2.5-vl`) or the path of an HF model directory.
     pub dir: String,
     /// Model identity used to seed block hashes; defaults to `dir`. Workers sharing a cache must agree.
@@ -79,97 +90,177 @@ pub struct ModelConfig {
     pub max_model_len: Option<u32>,
 }
 
-impl Default for ModelConfig {
+impl Default for ModelSection {
     fn default() -> Self {
-        ModelConfig {
+        let spec = ModelSpec::new(ModelSource::Bundled("qwen3-vl"));
+        ModelSection {
             dir: "qwen3-vl".into(),
             name: None,
             family: None,
-            block_size: 16,
+            block_size: spec.block_size,
             processor_kwargs: Default::default(),
             lora_adapters: Vec::new(),
-            exact_accounting: true,
-            default_decode_tokens: 256,
+            exact_accounting: spec.exact_accounting,
+            default_decode_tokens: spec.default_decode_tokens,
             max_model_len: None,
         }
     }
 }
 
+/// One `[[workers]]` entry.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WorkerConfig {
+pub struct WorkerSection {
     pub name: String,
     /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
     pub url: String,
 }
 
-impl Config {
+/// The validated, typed configuration the server runs from.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub pipeline: PipelineConfig,
+    pub workers: Vec<WorkerSpec>,
+    pub routing: RoutingConfig,
+}
+
+/// `[server]`, typed.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub total_timeout: Duration,
+    /// `None`: no active health checks.
+    pub health_interval: Option<Duration>,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        let s = ServerSection::default();
+        ServerSettings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: s.max_body_bytes,
+            connect_timeout: Duration::from_millis(s.connect_timeout_ms),
+            first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
+            total_timeout: Duration::from_millis(s.total_timeout_ms),
+            health_interval: Some(Duration::from_millis(s.health_interval_ms)),
+        }
+    }
+}
+
+impl Settings {
+    /// Settings for `model` over `workers` with every other value at its default.
+    pub fn new(model: ModelSpec, workers: Vec<WorkerSpec>) -> Settings {
+        Settings {
+            server: ServerSettings::default(),
+            pipeline: PipelineConfig { model, media: MediaConfig::default() },
+            workers,
+            routing: RoutingConfig::default(),
+        }
+    }
+
     /// Reads and validates a config file; the error names the file and the offending key.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
+    pub fn load(path: &Path) -> anyhow::Result<Settings> {
         let text =
             std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
     }
 
-    pub fn parse(text: &str) -> anyhow::Result<Config> {
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Settings> {
         // toml's error text already names the key and the line for type errors and unknown keys.
-        let cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        cfg.validate()?;
-        Ok(cfg)
+        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Settings::from_file(file)
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let s = &self.server;
-        s.listen
-            .parse::<SocketAddr>()
-            .map_err(|_| anyhow::anyhow!("server.listen: '{}' is not an address like 127.0.0.1:8080", s.listen))?;
-        if s.max_body_bytes == 0 {
-            anyhow::bail!("server.max_body_bytes must be > 0");
-        }
-        for (key, v) in [
-            ("server.connect_timeout_ms", s.connect_timeout_ms),
-            ("server.first_byte_timeout_ms", s.first_byte_timeout_ms),
-            ("server.total_timeout_ms", s.total_timeout_ms),
-        ] {
-            if v == 0 {
-                anyhow::bail!("{key} must be > 0");
-            }
-        }
-        if s.first_byte_timeout_ms > s.total_timeout_ms {
-            anyhow::bail!("server.first_byte_timeout_ms must not exceed server.total_timeout_ms");
-        }
-        let m = &self.model;
-        if m.dir.trim().is_empty() {
-            anyhow::bail!("model.dir must name a bundled profile or an HF model directory");
-        }
-        if m.block_size == 0 || m.block_size > 4096 {
-            anyhow::bail!("model.block_size must be in 1..=4096 (got {})", m.block_size);
-        }
-        if let Some(f) = &m.family {
-            f.parse::<crate::accounting::Family>()
-                .map_err(|_| anyhow::anyhow!("model.family: unknown family '{f}'"))?;
-        }
-        if self.workers.is_empty() {
-            anyhow::bail!("workers: at least one [[workers]] entry is required");
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (i, w) in self.workers.iter().enumerate() {
-            if w.name.trim().is_empty() {
-                anyhow::bail!("workers[{i}].name must not be empty");
-            }
-            if !seen.insert(w.name.as_str()) {
-                anyhow::bail!("workers[{i}].name: duplicate worker name '{}'", w.name);
-            }
-            let u = url::Url::parse(&w.url)
-                .map_err(|e| anyhow::anyhow!("workers[{i}].url: '{}' is not a URL ({e})", w.url))?;
-            if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-                anyhow::bail!("workers[{i}].url: '{}' must be an http(s) URL with a host", w.url);
-            }
-        }
-        self.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        self.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(())
+    /// Validates every section into its typed form.
+    pub fn from_file(file: ConfigFile) -> anyhow::Result<Settings> {
+        let server = server_settings(&file.server)?;
+        let model = model_spec(&file.model)?;
+        let workers = worker_specs(&file.workers)?;
+        file.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        file.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Settings { server, pipeline: PipelineConfig { model, media: file.media }, workers, routing: file.routing })
     }
+}
+
+fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
+    let listen = s
+        .listen
+        .parse::<SocketAddr>()
+        .map_err(|_| anyhow::anyhow!("server.listen: '{}' is not an address like 127.0.0.1:8080", s.listen))?;
+    if s.max_body_bytes == 0 {
+        anyhow::bail!("server.max_body_bytes must be > 0");
+    }
+    for (key, v) in [
+        ("server.connect_timeout_ms", s.connect_timeout_ms),
+        ("server.first_byte_timeout_ms", s.first_byte_timeout_ms),
+        ("server.total_timeout_ms", s.total_timeout_ms),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{key} must be > 0");
+        }
+    }
+    if s.first_byte_timeout_ms > s.total_timeout_ms {
+        anyhow::bail!("server.first_byte_timeout_ms must not exceed server.total_timeout_ms");
+    }
+    Ok(ServerSettings {
+        listen,
+        max_body_bytes: s.max_body_bytes,
+        connect_timeout: Duration::from_millis(s.connect_timeout_ms),
+        first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
+        total_timeout: Duration::from_millis(s.total_timeout_ms),
+        health_interval: (s.health_interval_ms > 0).then(|| Duration::from_millis(s.health_interval_ms)),
+    })
+}
+
+fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
+    if m.dir.trim().is_empty() {
+        anyhow::bail!("model.dir must name a bundled profile or an HF model directory");
+    }
+    let source = ModelSource::parse(&m.dir).map_err(|e| anyhow::anyhow!("model.dir: {e}"))?;
+    if m.block_size == 0 || m.block_size > 4096 {
+        anyhow::bail!("model.block_size must be in 1..=4096 (got {})", m.block_size);
+    }
+    let family = match &m.family {
+        Some(f) => Some(f.parse::<Family>().map_err(|_| anyhow::anyhow!("model.family: unknown family '{f}'"))?),
+        None => None,
+    };
+    Ok(ModelSpec {
+        name: m.name.clone().unwrap_or_else(|| m.dir.clone()),
+        source,
+        family,
+        block_size: m.block_size,
+        processor_kwargs: m.processor_kwargs.clone(),
+        lora_adapters: m.lora_adapters.clone(),
+        exact_accounting: m.exact_accounting,
+        default_decode_tokens: m.default_decode_tokens,
+        max_model_len: m.max_model_len,
+    })
+}
+
+fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSpec>> {
+    if workers.is_empty() {
+        anyhow::bail!("workers: at least one [[workers]] entry is required");
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, w) in workers.iter().enumerate() {
+        if w.name.trim().is_empty() {
+            anyhow::bail!("workers[{i}].name must not be empty");
+        }
+        if !seen.insert(w.name.as_str()) {
+            anyhow::bail!("workers[{i}].name: duplicate worker name '{}'", w.name);
+        }
+        let u =
+            url::Url::parse(&w.url).map_err(|e| anyhow::anyhow!("workers[{i}].url: '{}' is not a URL ({e})", w.url))?;
+        if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+            anyhow::bail!("workers[{i}].url: '{}' must be an http(s) URL with a host", w.url);
+        }
+    }
+    Ok(workers.iter().map(|w| WorkerSpec { name: w.name.clone(), url: w.url.clone() }).collect())
 }
 
 #[cfg(test)]
@@ -180,10 +271,12 @@ mod tests {
 
     #[test]
     fn minimal_config_gets_defaults() {
-        let c = Config::parse(MIN).unwrap();
-        assert_eq!(c.model.dir, "qwen3-vl");
-        assert_eq!(c.model.block_size, 16);
+        let c = Settings::parse(MIN).unwrap();
+        assert_eq!(c.pipeline.model.source, ModelSource::Bundled("qwen3-vl"));
+        assert_eq!(c.pipeline.model.name, "qwen3-vl");
+        assert_eq!(c.pipeline.model.block_size, 16);
         assert_eq!(c.workers.len(), 1);
+        assert_eq!(c.server.health_interval, Some(Duration::from_secs(2)));
     }
 
     #[test]
@@ -194,24 +287,31 @@ mod tests {
             ("[server]\nconnect_timeout_ms = 0\n", "server.connect_timeout_ms"),
             ("[model]\nblock_size = 0\n", "model.block_size"),
             ("[model]\nfamily = \"nonsense\"\n", "model.family"),
+            ("[model]\ndir = \"/nonexistent/model\"\n", "model.dir"),
             ("[model]\nbogus = 1\n", "bogus"),
             ("[server]\nlisten = 5\n", "listen"),
         ];
         for (extra, key) in cases {
-            let err = Config::parse(&format!("{extra}{MIN}")).unwrap_err().to_string();
+            let err = Settings::parse(&format!("{extra}{MIN}")).unwrap_err().to_string();
             assert!(err.contains(key), "error for {extra:?} should name {key}: {err}");
         }
-        let err = Config::parse("").unwrap_err().to_string();
+        let err = Settings::parse("").unwrap_err().to_string();
         assert!(err.contains("workers"), "{err}");
         let dup = format!("{MIN}{MIN}");
-        assert!(Config::parse(&dup).unwrap_err().to_string().contains("duplicate"));
+        assert!(Settings::parse(&dup).unwrap_err().to_string().contains("duplicate"));
         let bad_url = "[[workers]]\nname = \"a\"\nurl = \"ftp://x\"\n";
-        assert!(Config::parse(bad_url).unwrap_err().to_string().contains("workers[0].url"));
+        assert!(Settings::parse(bad_url).unwrap_err().to_string().contains("workers[0].url"));
+    }
+
+    #[test]
+    fn health_interval_zero_disables_checks() {
+        let c = Settings::parse(&format!("[server]\nhealth_interval_ms = 0\n{MIN}")).unwrap();
+        assert_eq!(c.server.health_interval, None);
     }
 
     #[test]
     fn bundled_example_config_is_valid() {
         let text = include_str!("../config/mmrouter.toml");
-        Config::parse(text).unwrap();
+        Settings::parse(text).unwrap();
     }
 }

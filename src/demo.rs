@@ -1,7 +1,10 @@
-//! `mmrouter demo`: simulated workers and the proxy in one process, on the bundled model profile.
+//! `mmrouter demo`: simulated workers and the proxy in one process, on a bundled model profile.
 
-use crate::config::Config;
-use crate::sim::SimOptions;
+use mmrouter_core::model::{ModelSource, ModelSpec};
+use mmrouter_core::routing::WorkerSpec;
+use mmrouter_sim::SimOptions;
+
+use crate::config::Settings;
 
 pub async fn run(
     port: u16,
@@ -12,6 +15,7 @@ pub async fn run(
     if workers == 0 {
         anyhow::bail!("--workers must be at least 1");
     }
+    let source = ModelSource::parse(model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
     let mut sims = Vec::new();
     for i in 0..workers {
         let opts = SimOptions {
@@ -20,16 +24,14 @@ pub async fn run(
             seed: i as u64,
             ..SimOptions::default()
         };
-        sims.push(crate::sim_prompter::spawn_sim(opts).await?);
+        sims.push(mmrouter_sim::spawn_exact(opts).await?);
     }
-    let mut toml = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\n[model]\ndir = {model:?}\n[media]\nallow_cidrs = [\"127.0.0.0/8\"]\n"
-    );
-    for s in &sims {
-        toml.push_str(&format!("[[workers]]\nname = {:?}\nurl = {:?}\n", s.name(), s.url()));
-    }
-    let cfg = Config::parse(&toml)?;
-    let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
+    let specs = sims.iter().map(|s| WorkerSpec { name: s.name().to_owned(), url: s.url() }).collect();
+    let mut cfg = Settings::new(ModelSpec::new(source), specs);
+    cfg.server.listen.set_port(port);
+    // The demo's own clients may send images from a local web server.
+    cfg.pipeline.media.allow_cidrs = vec!["127.0.0.0/8".to_owned()];
+    let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on 127.0.0.1:{port}: {e} (pick another with --port)"))?;
     let addr = listener.local_addr()?;

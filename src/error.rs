@@ -5,6 +5,8 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use mmrouter_core::pipeline::Rejection;
+use mmrouter_core::request::ParseError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -41,6 +43,18 @@ impl ApiError {
     }
     pub fn body_json(&self) -> serde_json::Value {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+    }
+}
+
+impl From<ParseError> for ApiError {
+    fn from(e: ParseError) -> Self {
+        ApiError::bad_request("invalid_json", e.to_string())
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(e: Rejection) -> Self {
+        ApiError::bad_request(e.label(), e.to_string())
     }
 }
 

@@ -1,4 +1,5 @@
-//! The `mmrouter` command: `serve`, `demo`, `sim`, `count`.
+//! The `mmrouter` command: `serve`, `demo`, `count`, and the dev tools `sim`, `loadgen`, `workload`
+//! (each a library crate of the workspace; this binary only parses arguments and dispatches).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,11 +35,11 @@ enum Cmd {
         model: String,
     },
     /// Run one simulated vLLM-like worker.
-    Sim(mmrouter::sim::SimOptions),
+    Sim(mmrouter_sim::SimOptions),
     /// Replay a JSONL workload against one or more base URLs and report latency, TTFB and cache reuse.
-    Loadgen(mmrouter::loadgen::LoadgenOptions),
+    Loadgen(mmrouter_loadgen::LoadgenOptions),
     /// Generate a seeded multimodal multi-turn workload (JSONL) for `loadgen`.
-    Workload(mmrouter::loadgen::WorkloadOptions),
+    Workload(mmrouter_loadgen::WorkloadOptions),
     /// Print image-token counts for sizes and image files.
     Count {
         /// Bundled profile name or HF model directory.
@@ -65,9 +66,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Count { model_dir, family, sizes, files, json } => {
-            mmrouter::cli::count(&model_dir, family.as_deref(), &sizes, &files, json)
+            mmrouter::count::run_count(&model_dir, family.as_deref(), &sizes, &files, json)
         }
-        Cmd::Workload(opts) => mmrouter::loadgen::generate_workload(&opts).map(|n| {
+        Cmd::Workload(opts) => mmrouter_loadgen::generate_workload(&opts).map(|n| {
             eprintln!("wrote {n} requests");
             0
         }),
@@ -89,21 +90,21 @@ fn main() -> ExitCode {
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Serve { config, listen } => {
-            let mut cfg = mmrouter::config::Config::load(&config)?;
+            let mut cfg = mmrouter::config::Settings::load(&config)?;
             if let Some(l) = listen {
-                cfg.server.listen = l;
-                cfg.validate()?;
+                cfg.server.listen =
+                    l.parse().map_err(|_| anyhow::anyhow!("--listen: '{l}' is not an address like 127.0.0.1:8080"))?;
             }
-            let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
+            let listener = tokio::net::TcpListener::bind(cfg.server.listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("server.listen {}: {e}", cfg.server.listen))?;
             tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
             mmrouter::server::serve(cfg, listener, shutdown_signal()).await
         }
         Cmd::Demo { port, workers, model } => mmrouter::demo::run(port, workers, &model, shutdown_signal()).await,
-        Cmd::Sim(opts) => mmrouter::sim_prompter::run_sim(opts, shutdown_signal()).await,
+        Cmd::Sim(opts) => mmrouter_sim::run_exact(opts, shutdown_signal()).await,
         Cmd::Loadgen(opts) => {
-            let report = mmrouter::loadgen::run(opts).await?;
+            let report = mmrouter_loadgen::run(opts).await?;
             println!("{}", report.table());
             Ok(())
         }

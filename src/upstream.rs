@@ -15,9 +15,10 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Sleep};
 
-use crate::config::ServerConfig;
+use mmrouter_core::routing::LoadGuard;
+
+use crate::config::ServerSettings;
 use crate::error::ApiError;
-use crate::routing::LoadGuard;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) are about one connection, never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -90,9 +91,9 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(cfg: &ServerConfig) -> anyhow::Result<Upstream> {
-        let client = crate::http_client_builder()
-            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+    pub fn new(cfg: &ServerSettings) -> anyhow::Result<Upstream> {
+        let client = mmrouter_core::http_client_builder()
+            .connect_timeout(cfg.connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
@@ -100,11 +101,7 @@ impl Upstream {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;
-        Ok(Upstream {
-            client,
-            first_byte: Duration::from_millis(cfg.first_byte_timeout_ms),
-            total: Duration::from_millis(cfg.total_timeout_ms),
-        })
+        Ok(Upstream { client, first_byte: cfg.first_byte_timeout, total: cfg.total_timeout })
     }
 
     pub fn total_timeout(&self) -> Duration {

@@ -1,0 +1,173 @@
+//! [`Intake`]: all images of one request, concurrently, under one deadline and the per-request
+//! limits; the probe-duration histogram is recorded here for every image.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::try_join_all;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::media::budget::Budget;
+use crate::media::cache::UrlCache;
+use crate::media::data_url;
+use crate::media::fetch::Fetcher;
+use crate::media::guard::Guard;
+use crate::media::probe::{probe_bytes, probe_header, HEADER_PROBE_BYTES};
+use crate::media::{ImageInfo, MediaConfig, MediaError, Orientation, Source};
+
+/// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeTiming {
+    pub source: Source,
+    pub elapsed: Duration,
+}
+
+/// What intake of one request produced: every image or the first failure, and the timing of every
+/// image that finished (failed ones included; those cancelled by another's failure are not).
+#[derive(Debug)]
+pub struct IntakeReport {
+    pub images: Result<Vec<ImageInfo>, MediaError>,
+    pub probes: Vec<ProbeTiming>,
+}
+
+/// Image intake for the proxy: the HTTP client, the SSRF guard and the URL cache.
+/// Cheap to clone and share (one `Arc`).
+#[derive(Clone)]
+pub struct Intake {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: MediaConfig,
+    fetcher: Fetcher,
+    cache: UrlCache,
+}
+
+impl Intake {
+    /// Validates `cfg` and builds the client; the error names the config key.
+    pub fn new(cfg: MediaConfig) -> Result<Intake, String> {
+        cfg.validate()?;
+        let guard = Arc::new(Guard::new(&cfg)?);
+        let fetcher = Fetcher::new(&cfg, guard)?;
+        let cache = UrlCache::new(Duration::from_secs(cfg.url_cache_ttl_secs), cfg.url_cache_entries);
+        Ok(Intake { inner: Arc::new(Inner { cfg, fetcher, cache }) })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &MediaConfig {
+        &self.inner.cfg
+    }
+
+    /// `media.reject_blocked_urls`: answer 400 for a [`MediaError::FetchBlocked`] instead of
+    /// falling back.
+    pub fn reject_blocked_urls(&self) -> bool {
+        self.inner.cfg.reject_blocked_urls
+    }
+
+    /// Probes and hashes every image (by URL, in request order), concurrently, under
+    /// `media.deadline_ms`. All or nothing: the first failure cancels the other fetches and is returned.
+    pub async fn process(&self, urls: &[&str]) -> IntakeReport {
+        let probes = Mutex::new(Vec::with_capacity(urls.len()));
+        let images = self.process_all(urls, &probes).await;
+        IntakeReport { images, probes: probes.into_inner().unwrap_or_else(|e| e.into_inner()) }
+    }
+
+    async fn process_all(&self, urls: &[&str], probes: &Mutex<Vec<ProbeTiming>>) -> Result<Vec<ImageInfo>, MediaError> {
+        let cfg = &self.inner.cfg;
+        if urls.len() > cfg.max_images {
+            return Err(MediaError::TooManyImages { count: urls.len(), limit: cfg.max_images });
+        }
+        let budget = Budget::new(cfg.max_total_bytes);
+        let all = try_join_all(urls.iter().map(|url| self.timed(url, &budget, probes)));
+        tokio::time::timeout(Duration::from_millis(cfg.deadline_ms), all)
+            .await
+            .unwrap_or(Err(MediaError::FetchTimeout { after_ms: cfg.deadline_ms, limit: "media.deadline_ms" }))
+    }
+
+    async fn timed(
+        &self,
+        url: &str,
+        budget: &Budget,
+        probes: &Mutex<Vec<ProbeTiming>>,
+    ) -> Result<ImageInfo, MediaError> {
+        let started = Instant::now();
+        let (source, result) = self.one(url, budget).await?;
+        let timing = ProbeTiming { source, elapsed: started.elapsed() };
+        probes.lock().unwrap_or_else(|e| e.into_inner()).push(timing);
+        result
+    }
+
+    /// The image's source, and its info or failure; `Err` only for a URL that is not data/http(s).
+    async fn one(&self, url: &str, budget: &Budget) -> Result<(Source, Result<ImageInfo, MediaError>), MediaError> {
+        let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("data") => Ok((Source::DataUrl, self.take_data_url(url, budget).await)),
+            Some("http") | Some("https") => Ok((Source::Http, self.fetch_http(url, budget).await)),
+            _ => {
+                let shown: String = url.chars().take(64).collect();
+                Err(MediaError::InvalidUrl(format!("'{shown}' is not a data: or http(s): URL")))
+            }
+        }
+    }
+
+    /// Decodes in chunks, hashing everything and keeping only the header prefix; the whole image
+    /// is materialised only if the prefix cannot be probed (or for EXIF orientation).
+    async fn take_data_url(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
+        let cfg = &self.inner.cfg;
+        let parsed = data_url::parse(url)?;
+        let len = parsed.decoded_len;
+        if len > cfg.max_image_bytes {
+            return Err(MediaError::ImageTooLarge { size: len as u64, limit: cfg.max_image_bytes });
+        }
+        budget.take(len)?;
+        let mut hasher = Xxh3::new();
+        let mut prefix = Vec::with_capacity(len.min(HEADER_PROBE_BYTES));
+        parsed.decode_chunks(|chunk| {
+            hasher.update(chunk);
+            let room = HEADER_PROBE_BYTES - prefix.len();
+            prefix.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            Ok(())
+        })?;
+        let hash = hasher.digest128();
+        let header = probe_header(&prefix, cfg)?;
+        let (width, height, format) = match header {
+            Some(dims) if cfg.orientation == Orientation::Stored => dims,
+            _ if prefix.len() == len => self.probe_off_thread(prefix).await?,
+            _ => {
+                let full = data_url::decode_data_url(url, cfg.max_image_bytes)?;
+                self.probe_off_thread(full).await?
+            }
+        };
+        Ok(ImageInfo { hash, width, height, format, bytes: len, source: Source::DataUrl })
+    }
+
+    async fn fetch_http(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
+        let inner = &self.inner;
+        if let Some(hit) = inner.cache.get(url) {
+            return Ok(hit);
+        }
+        let timeout = Duration::from_millis(inner.cfg.fetch_timeout_ms);
+        let bytes =
+            tokio::time::timeout(timeout, inner.fetcher.fetch(url, &inner.cfg, budget)).await.map_err(|_| {
+                MediaError::FetchTimeout { after_ms: inner.cfg.fetch_timeout_ms, limit: "media.fetch_timeout_ms" }
+            })??;
+        let hash = xxh3_128(&bytes);
+        let len = bytes.len();
+        let (width, height, format) = match probe_header(&bytes, &inner.cfg)? {
+            Some(dims) if inner.cfg.orientation == Orientation::Stored => dims,
+            _ => self.probe_off_thread(bytes).await?,
+        };
+        let info = ImageInfo { hash, width, height, format, bytes: len, source: Source::Http };
+        inner.cache.insert(url, info.clone());
+        Ok(info)
+    }
+
+    /// The slow path (a limited decode, or EXIF parsing) runs on the blocking pool so a large
+    /// image cannot stall the proxy's async workers.
+    async fn probe_off_thread(&self, bytes: Vec<u8>) -> Result<(u32, u32, &'static str), MediaError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || probe_bytes(&bytes, &inner.cfg))
+            .await
+            .map_err(|e| MediaError::ProbeFailed(format!("probe task failed: {e}")))?
+    }
+}

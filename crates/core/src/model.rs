@@ -1,0 +1,113 @@
+//! Where a model's files come from — a profile bundled into the binary, or an HF model directory —
+//! and what the pipeline needs to know about the served model. One loader for every user (the proxy,
+//! the simulator, `mmrouter count`), so a bundled profile and its directory twin load the same way.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::accounting::{AccountingError, Counter, Family};
+use crate::prompt::{PromptError, PromptModel};
+
+/// A model's files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A profile compiled into the binary (`qwen3-vl`, `qwen2.5-vl`).
+    Bundled(&'static str),
+    /// An HF model directory (`config.json`, `preprocessor_config.json`, `tokenizer.json`, …).
+    Dir(PathBuf),
+}
+
+impl ModelSource {
+    /// A bundled profile name, or an existing directory.
+    pub fn parse(s: &str) -> Result<ModelSource, String> {
+        if let Some(name) = PromptModel::bundled_names().iter().find(|n| **n == s) {
+            return Ok(ModelSource::Bundled(name));
+        }
+        let dir = Path::new(s);
+        if s.trim().is_empty() || !dir.is_dir() {
+            return Err(format!(
+                "'{s}' is neither a bundled profile ({}) nor a directory",
+                PromptModel::bundled_names().join(", ")
+            ));
+        }
+        Ok(ModelSource::Dir(dir.to_path_buf()))
+    }
+
+    /// The name as configured (the default model identity for block hashes).
+    pub fn label(&self) -> String {
+        match self {
+            ModelSource::Bundled(name) => (*name).to_owned(),
+            ModelSource::Dir(dir) => dir.display().to_string(),
+        }
+    }
+
+    /// The chat template(s) and tokenizer.
+    pub fn load_prompt(&self) -> Result<PromptModel, PromptError> {
+        match self {
+            ModelSource::Bundled(name) => PromptModel::bundled(name),
+            ModelSource::Dir(dir) => PromptModel::from_dir(dir),
+        }
+    }
+
+    /// The image-token counter, with the server's `processor_kwargs` applied.
+    pub fn load_counter(
+        &self,
+        family: Option<Family>,
+        kwargs: &Map<String, Value>,
+    ) -> Result<Counter, AccountingError> {
+        match self {
+            ModelSource::Bundled(name) => {
+                let file = |f: &'static str| -> Result<Value, AccountingError> {
+                    let bytes = PromptModel::bundled_file(name, f).ok_or_else(|| AccountingError::ConfigFile {
+                        file: f.to_owned(),
+                        detail: format!("bundled profile '{name}' lacks it"),
+                    })?;
+                    serde_json::from_slice(bytes)
+                        .map_err(|e| AccountingError::ConfigFile { file: f.to_owned(), detail: e.to_string() })
+                };
+                Counter::from_json(&file("preprocessor_config.json")?, &file("config.json")?, family, kwargs)
+            }
+            ModelSource::Dir(dir) => Counter::from_model_dir(dir, family, kwargs),
+        }
+    }
+}
+
+/// The served model as the pipeline sees it (the `[model]` section, validated).
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub source: ModelSource,
+    /// Model identity used to seed block hashes. Workers sharing a cache must agree.
+    pub name: String,
+    /// Accounting family override; auto-detected from the HF files when `None`.
+    pub family: Option<Family>,
+    /// KV block size of the pool (vLLM `--block-size`).
+    pub block_size: u32,
+    /// Mirrors the workers' `--mm-processor-kwargs`; applied on top of `preprocessor_config.json`.
+    pub processor_kwargs: Map<String, Value>,
+    /// Request `model` values that name LoRA adapters: they seed block hashes differently.
+    pub lora_adapters: Vec<String>,
+    /// false: never account images; requests with images route on their text prefix only.
+    pub exact_accounting: bool,
+    /// Decode tokens assumed for load when the request sets no `max_tokens`.
+    pub default_decode_tokens: u32,
+    /// The workers' `--max-model-len`; only request-wide accounting families (Nemotron Omni) need it.
+    pub max_model_len: Option<u32>,
+}
+
+impl ModelSpec {
+    /// The defaults for `source`: block size 16, exact accounting on, 256 decode tokens assumed.
+    pub fn new(source: ModelSource) -> ModelSpec {
+        ModelSpec {
+            name: source.label(),
+            source,
+            family: None,
+            block_size: 16,
+            processor_kwargs: Map::new(),
+            lora_adapters: Vec::new(),
+            exact_accounting: true,
+            default_decode_tokens: 256,
+            max_model_len: None,
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! Stages **intake → account → plan** and **the gate**: turn one request into one [`RoutePlan`].
+//!
+//! The gate (after Dynamo PR #16947): a request with images is planned `Exact` only if *every* image
+//! was fetched/decoded, probed, accounted and expanded. Any failure anywhere makes the whole request a
+//! `TextPrefix { reason }` plan whose blocks are only those before the first image; nothing from the
+//! images that did succeed survives into the plan (no image tokens, no image spans, no image blocks).
+//! Nothing here records metrics: [`Pipeline::plan`] returns the finished plan with its stage timings
+//! as values, and the server's observe stage records them, so a fallback can never leave a partial
+//! image-token sample behind.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::accounting::{AccountingError, Counter, ImageTokens, RequestContext, RunPart};
+use crate::media::{ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
+use crate::model::ModelSpec;
+use crate::plan::{self, ChatTokens, ImageSpan, PlanError};
+use crate::prompt::{PromptError, PromptModel};
+use crate::request::{Endpoint, Request};
+
+/// How a request is routed (the `x-mmrouter-route` header and the `route` metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Every image accounted exactly: blocks cover the whole prompt, images included.
+    Exact,
+    /// Some image (or the model) could not be accounted: blocks cover only the text before the first image.
+    TextPrefix { reason: &'static str },
+    /// No media in the request: blocks cover the whole prompt.
+    NoMedia,
+    /// A non-inference `/v1/*` call forwarded as is.
+    Passthrough,
+}
+
+impl Route {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::Exact => "exact",
+            Route::TextPrefix { .. } => "text_prefix",
+            Route::NoMedia => "no_media",
+            Route::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// One accounted image of an exact plan.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlannedImage {
+    pub hash: String,
+    pub width: u32,
+    pub height: u32,
+    pub feature_tokens: u32,
+    /// Tokens that replace the image's placeholder in the prompt.
+    pub tokens: u32,
+}
+
+/// What the pipeline decided about one request's prompt: the route and what routing matches on.
+/// Selection results are not part of it: the caller holds the selection's decision.
+#[derive(Debug)]
+pub struct RoutePlan {
+    pub route: Route,
+    /// Chained KV block keys routing matches against the index.
+    pub blocks: Vec<u64>,
+    pub block_size: u32,
+    /// Prompt tokens routing is based on: the whole prompt (exact, no_media) or the text prefix.
+    pub prompt_tokens: u32,
+    /// True when `prompt_tokens` is the whole prompt the model sees (drift is then measurable).
+    pub prompt_exact: bool,
+    /// Exact plans only.
+    pub images: Vec<PlannedImage>,
+    pub spans: Vec<ImageSpan>,
+    pub decode_tokens: u32,
+}
+
+impl RoutePlan {
+    fn empty(route: Route, block_size: u32, decode_tokens: u32) -> RoutePlan {
+        RoutePlan {
+            route,
+            blocks: Vec::new(),
+            block_size,
+            prompt_tokens: 0,
+            prompt_exact: false,
+            images: Vec::new(),
+            spans: Vec::new(),
+            decode_tokens,
+        }
+    }
+
+    /// A non-inference `/v1/*` call: forwarded as is, routed by load.
+    pub fn passthrough(block_size: u32) -> RoutePlan {
+        RoutePlan::empty(Route::Passthrough, block_size, 0)
+    }
+
+    /// Image tokens this request puts on its worker; zero unless the plan is exact.
+    pub fn exact_image_tokens(&self) -> u32 {
+        match self.route {
+            Route::Exact => self.images.iter().map(|i| i.tokens).sum(),
+            _ => 0,
+        }
+    }
+
+    pub fn predicted_prompt_tokens(&self) -> Option<u32> {
+        self.prompt_exact.then_some(self.prompt_tokens)
+    }
+
+    /// The fallback reason of a text-prefix plan.
+    pub fn fallback_reason(&self) -> Option<&'static str> {
+        match self.route {
+            Route::TextPrefix { reason } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// Time spent in each stage of [`Pipeline::plan`] (the `mmrouter_stage_duration_seconds` samples).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimings {
+    /// `None` for completions (no images to read or account).
+    pub intake: Option<Duration>,
+    pub account: Option<Duration>,
+    pub plan: Duration,
+}
+
+/// The outcome of planning: the plan, and what happened on the way (for the observe stage).
+#[derive(Debug)]
+pub struct Planned {
+    pub plan: RoutePlan,
+    pub timings: StageTimings,
+    /// One sample per image read (data URL or fetch).
+    pub probes: Vec<ProbeTiming>,
+}
+
+/// A request the pipeline refuses to route (the proxy answers it with a client error).
+#[derive(Debug, thiserror::Error)]
+pub enum Rejection {
+    /// `media.reject_blocked_urls` is on and an image URL is blocked by the SSRF guard.
+    #[error("{0}")]
+    BlockedImageUrl(MediaError),
+}
+
+impl Rejection {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::BlockedImageUrl(_) => "image_url_blocked",
+        }
+    }
+}
+
+/// Why a pipeline could not be built (at start-up, not per request).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model '{model}': {source}")]
+    Prompt { model: String, source: PromptError },
+    #[error("{0}")]
+    Media(String),
+}
+
+/// What the pipeline is built from: the served model and the image intake settings.
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    pub model: ModelSpec,
+    pub media: MediaConfig,
+}
+
+/// What the gate needs from accounting. [`Counter`] implements it; tests inject counters that fail on
+/// chosen images to exercise the gate independently of any model family.
+pub trait ImageCounter: Send + Sync {
+    /// Literal text of the one token the chat template emits per image.
+    fn placeholder(&self) -> &str;
+    /// Tokens for every image of one request (in order), or the first failure.
+    fn count_request(
+        &self,
+        sizes: &[(u32, u32)],
+        ctx: &RequestContext,
+        request_kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Vec<ImageTokens>, AccountingError>;
+}
+
+impl ImageCounter for Counter {
+    fn placeholder(&self) -> &str {
+        Counter::placeholder(self)
+    }
+
+    fn count_request(
+        &self,
+        sizes: &[(u32, u32)],
+        ctx: &RequestContext,
+        request_kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Vec<ImageTokens>, AccountingError> {
+        match request_kwargs {
+            Some(kw) if !kw.is_empty() => self.with_request_kwargs(kw)?.count_all(sizes, ctx),
+            _ => self.count_all(sizes, ctx),
+        }
+    }
+}
+
+/// The model-specific machinery, loaded once at start.
+pub struct Pipeline {
+    model: Arc<PromptModel>,
+    /// `Err` when the model has no accounting profile: requests with images then fall back with its label.
+    counter: Result<Arc<dyn ImageCounter>, AccountingError>,
+    placeholder: Option<String>,
+    model_name: String,
+    block_size: u32,
+    lora_adapters: HashSet<String>,
+    exact_accounting: bool,
+    default_decode_tokens: u32,
+    max_model_len: Option<u32>,
+    intake: Intake,
+    reject_blocked_urls: bool,
+}
+
+/// Why a request with images is not exact: the fallback reason label.
+type Fallback = &'static str;
+
+impl Pipeline {
+    /// Loads the model's prompt files and its image-token counter. A model without an accounting
+    /// profile still loads: its requests with images fall back with the reason.
+    pub fn new(cfg: &PipelineConfig) -> Result<Pipeline, LoadError> {
+        let m = &cfg.model;
+        let model = m.source.load_prompt().map_err(|source| LoadError::Prompt { model: m.source.label(), source })?;
+        let counter =
+            m.source.load_counter(m.family, &m.processor_kwargs).map(|c| Arc::new(c) as Arc<dyn ImageCounter>);
+        Self::with_counter(cfg, model, counter)
+    }
+
+    /// A pipeline with an explicit counter (tests use failing fakes to exercise the gate).
+    pub fn with_counter(
+        cfg: &PipelineConfig,
+        model: PromptModel,
+        counter: Result<Arc<dyn ImageCounter>, AccountingError>,
+    ) -> Result<Pipeline, LoadError> {
+        let m = &cfg.model;
+        if let Err(e) = &counter {
+            tracing::warn!("image accounting unavailable for model '{}': {e}; requests with images will route on their text prefix", m.source.label());
+        }
+        let placeholder = counter.as_ref().ok().map(|c| c.placeholder().to_owned());
+        Ok(Pipeline {
+            model: Arc::new(model),
+            counter,
+            placeholder,
+            model_name: m.name.clone(),
+            block_size: m.block_size,
+            lora_adapters: m.lora_adapters.iter().cloned().collect(),
+            exact_accounting: m.exact_accounting,
+            default_decode_tokens: m.default_decode_tokens,
+            max_model_len: m.max_model_len,
+            intake: Intake::new(cfg.media.clone()).map_err(LoadError::Media)?,
+            reject_blocked_urls: cfg.media.reject_blocked_urls,
+        })
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Builds the plan for one parsed request: intake → tokenize → account → gate → plan. Only a
+    /// policy refusal is an error; every other failure is a fallback route with its reason.
+    pub async fn plan(&self, req: &Request<'_>) -> Result<Planned, Rejection> {
+        let seed = self.seed(req);
+        let decode_tokens = ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|k| req.field(k).and_then(|v| v.as_u64()))
+            .map(|v| v.min(u32::MAX as u64) as u32)
+            .unwrap_or(self.default_decode_tokens);
+        let mut out = RoutePlan::empty(Route::NoMedia, self.block_size, decode_tokens);
+        if req.endpoint == Endpoint::Completion {
+            let t = Instant::now();
+            match plan::tokenize_completion(&self.model, req) {
+                Ok(ids) => self.set_blocks(&mut out, &ids, &[], seed, true),
+                Err(e) => tracing::debug!("completion prompt not tokenized ({}): routing by load", e.label()),
+            }
+            let timings = StageTimings { intake: None, account: None, plan: t.elapsed() };
+            return Ok(Planned { plan: out, timings, probes: Vec::new() });
+        }
+
+        let t = Instant::now();
+        let (images, probes) = self.intake(req).await?;
+        let intake = t.elapsed();
+        let has_media = !matches!(&images, Ok(v) if v.is_empty());
+
+        // The template does not depend on the images (each part renders as one placeholder), and
+        // request-wide accounting needs the text token count, so tokenize first.
+        let t = Instant::now();
+        let tokens = self.tokenize(req);
+        let tokenize = t.elapsed();
+
+        let t = Instant::now();
+        let accounted = images.and_then(|infos| self.account(req, &tokens, infos));
+        let account = t.elapsed();
+
+        let t = Instant::now();
+        self.gate(&mut out, tokens, accounted, has_media, seed);
+        let timings = StageTimings { intake: Some(intake), account: Some(account), plan: tokenize + t.elapsed() };
+        Ok(Planned { plan: out, timings, probes })
+    }
+
+    /// Stage **intake**: every image read and probed, or the fallback reason.
+    async fn intake(
+        &self,
+        req: &Request<'_>,
+    ) -> Result<(Result<Vec<ImageInfo>, Fallback>, Vec<ProbeTiming>), Rejection> {
+        if let Some(issue) = &req.media_issue {
+            return Ok((Err(issue.label()), Vec::new()));
+        }
+        if req.images.is_empty() {
+            return Ok((Ok(Vec::new()), Vec::new()));
+        }
+        if !self.exact_accounting {
+            // Exact accounting off: never fetch; the request is a text-prefix plan by configuration.
+            return Ok((Err("exact_disabled"), Vec::new()));
+        }
+        let urls: Vec<&str> = req.images.iter().map(|i| i.url.as_ref()).collect();
+        let report = self.intake.process(&urls).await;
+        match report.images {
+            Ok(infos) => Ok((Ok(infos), report.probes)),
+            Err(e) if e.is_blocked() && self.reject_blocked_urls => Err(Rejection::BlockedImageUrl(e)),
+            Err(e) => Ok((Err(e.label()), report.probes)),
+        }
+    }
+
+    /// The chat rendered and tokenized, placeholders located (when the model has an accounting
+    /// profile; without one the image positions are unknown and only the text routes).
+    fn tokenize(&self, req: &Request<'_>) -> Result<ChatTokens, PlanError> {
+        match self.placeholder.as_deref() {
+            Some(p) => plan::tokenize_chat(&self.model, req, p),
+            None => {
+                let ids = self.model.render_chat(req).and_then(|text| self.model.encode(&text))?;
+                Ok(ChatTokens { ids, placeholders: Vec::new() })
+            }
+        }
+    }
+
+    /// **The gate**: an exact plan only if every image was accounted and expanded; otherwise a
+    /// text-prefix plan with the reason, carrying nothing of the images.
+    fn gate(
+        &self,
+        out: &mut RoutePlan,
+        tokens: Result<ChatTokens, PlanError>,
+        accounted: Result<Vec<Accounted>, Fallback>,
+        has_media: bool,
+        seed: u64,
+    ) {
+        match (tokens, accounted) {
+            // An image that cannot be accounted is the reason, whatever else also failed.
+            (tokens, Err(reason)) => {
+                out.route = Route::TextPrefix { reason };
+                // Without a known placeholder the image position is unknown: route by load only.
+                if let (Ok(tokens), Some(_)) = (&tokens, &self.placeholder) {
+                    self.set_blocks(out, plan::text_prefix(tokens), &[], seed, false);
+                }
+            }
+            (Err(e), Ok(_)) if has_media => out.route = Route::TextPrefix { reason: e.label() },
+            (Err(e), Ok(_)) => tracing::debug!("chat template failed ({e}); routing by load only"),
+            (Ok(tokens), Ok(acc)) if acc.is_empty() && tokens.placeholders.is_empty() => {
+                self.set_blocks(out, &tokens.ids, &[], seed, true);
+            }
+            (Ok(tokens), Ok(acc)) => {
+                let runs: Vec<(u128, &[RunPart])> = acc.iter().map(|a| (a.hash, a.run.as_slice())).collect();
+                match plan::expand(&self.model, &tokens, &runs) {
+                    Ok(expanded) => {
+                        out.route = Route::Exact;
+                        self.set_blocks(out, &expanded.ids, &expanded.spans, seed, true);
+                        out.spans = expanded.spans;
+                        out.images = acc.into_iter().map(|a| a.planned).collect();
+                    }
+                    Err(e) => {
+                        out.route = Route::TextPrefix { reason: e.label() };
+                        self.set_blocks(out, plan::text_prefix(&tokens), &[], seed, false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stage **account**: all images of the request, or the first failure's label.
+    fn account(
+        &self,
+        req: &Request<'_>,
+        tokens: &Result<ChatTokens, PlanError>,
+        infos: Vec<ImageInfo>,
+    ) -> Result<Vec<Accounted>, Fallback> {
+        if infos.is_empty() {
+            return Ok(Vec::new());
+        }
+        let counter = self.counter.as_ref().map_err(|e| e.label())?;
+        let text_tokens = tokens.as_ref().ok().map(|t| (t.ids.len() - t.placeholders.len()).min(u32::MAX as usize));
+        let ctx = RequestContext { max_model_len: self.max_model_len, text_tokens: text_tokens.map(|n| n as u32) };
+        let request_kwargs = req.field("mm_processor_kwargs").and_then(|v| v.as_object());
+        let sizes: Vec<(u32, u32)> = infos.iter().map(|i| (i.width, i.height)).collect();
+        let counts = counter.count_request(&sizes, &ctx, request_kwargs).map_err(|e| e.label())?;
+        if counts.len() != infos.len() {
+            return Err("placeholder_mismatch");
+        }
+        infos.into_iter().zip(counts).map(|(info, tokens)| Accounted::new(info, tokens)).collect()
+    }
+
+    fn set_blocks(&self, out: &mut RoutePlan, ids: &[u32], spans: &[ImageSpan], seed: u64, whole: bool) {
+        out.prompt_tokens = ids.len().min(u32::MAX as usize) as u32;
+        out.prompt_exact = whole;
+        out.blocks = plan::block_keys(ids, spans, self.block_size as usize, seed);
+    }
+
+    /// Block-hash seed: the model identity, the LoRA adapter the request names, and its cache_salt.
+    fn seed(&self, req: &Request<'_>) -> u64 {
+        let lora = req.str_field("model").filter(|m| self.lora_adapters.contains(*m));
+        plan::seed(&self.model_name, lora, req.str_field("cache_salt"))
+    }
+}
+
+/// One image that passed accounting: its identity, its expansion run, and its plan entry.
+struct Accounted {
+    hash: u128,
+    run: Vec<RunPart>,
+    planned: PlannedImage,
+}
+
+impl Accounted {
+    fn new(info: ImageInfo, tokens: ImageTokens) -> Result<Accounted, Fallback> {
+        let run = tokens.run().ok_or("expansion_unknown")?;
+        let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+        let planned = PlannedImage {
+            hash: format!("{:032x}", info.hash),
+            width: info.width,
+            height: info.height,
+            feature_tokens: tokens.feature_tokens,
+            tokens: len,
+        };
+        Ok(Accounted { hash: info.hash, run, planned })
+    }
+}

@@ -1,0 +1,173 @@
+//! Planning primitives: the prompt's token ids as the worker will see them (chat template,
+//! tokenizer, each image placeholder expanded to its exact run), the image spans inside them, and
+//! the chained KV block keys the router's index is keyed by.
+//!
+//! These are pure functions; the gate (all images accounted or text-prefix fallback) and the
+//! `RoutePlan` are built around them by the pipeline.
+
+mod blocks;
+
+use serde_json::Value as Json;
+
+use crate::accounting::RunPart;
+use crate::prompt::{PromptError, PromptModel};
+use crate::request::Request;
+
+pub use blocks::{block_keys, seed, ImageSpan};
+
+/// Why a prompt could not be planned. `label()` values are Prometheus `reason` labels.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error("the rendered prompt has {placeholders} image placeholder(s) but the request has {images} image(s)")]
+    PlaceholderMismatch { placeholders: usize, images: usize },
+    #[error("image placeholder {0:?} is not a single token of this tokenizer")]
+    PlaceholderNotAToken(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl PlanError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            PlanError::Prompt(e) => e.label(),
+            PlanError::PlaceholderMismatch { .. } | PlanError::PlaceholderNotAToken(_) => "placeholder_mismatch",
+            PlanError::InvalidRequest(_) => "invalid_request",
+        }
+    }
+}
+
+/// A rendered and tokenized chat, before image expansion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatTokens {
+    pub ids: Vec<u32>,
+    /// Positions of the image placeholder token in `ids`, in order.
+    pub placeholders: Vec<usize>,
+}
+
+/// The prompt after every placeholder was replaced by its image's run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expanded {
+    pub ids: Vec<u32>,
+    pub spans: Vec<ImageSpan>,
+}
+
+/// Renders and tokenizes a chat request and finds the image placeholders (`placeholder` is the
+/// placeholder token's text, e.g. "<|image_pad|>").
+pub fn tokenize_chat(model: &PromptModel, request: &Request<'_>, placeholder: &str) -> Result<ChatTokens, PlanError> {
+    let placeholder_id =
+        model.token_id(placeholder).ok_or_else(|| PlanError::PlaceholderNotAToken(placeholder.to_owned()))?;
+    let text = model.render_chat(request)?;
+    let ids = model.encode(&text)?;
+    let placeholders = ids.iter().enumerate().filter_map(|(i, &id)| (id == placeholder_id).then_some(i)).collect();
+    Ok(ChatTokens { ids, placeholders })
+}
+
+/// Token ids of a `/v1/completions` request's `prompt`: a string, a list of token ids, or a
+/// one-element list of either. Batches (several prompts) are `invalid_request`. Strings get the
+/// tokenizer's special tokens, as vLLM's completions default `add_special_tokens=true` does.
+pub fn tokenize_completion(model: &PromptModel, request: &Request<'_>) -> Result<Vec<u32>, PlanError> {
+    let prompt = request.field("prompt").ok_or_else(|| PlanError::InvalidRequest("`prompt` is missing".into()))?;
+    match prompt {
+        Json::String(s) => Ok(model.encode_with(s, true)?),
+        Json::Array(items) => match items.as_slice() {
+            [Json::String(s)] => Ok(model.encode_with(s, true)?),
+            [Json::Array(ids)] => token_ids(ids),
+            [] => Err(PlanError::InvalidRequest("`prompt` is an empty list".into())),
+            [Json::Number(_), ..] => token_ids(items),
+            _ => Err(PlanError::InvalidRequest(
+                "`prompt` must be a string, a list of token ids, or a one-element list of either".into(),
+            )),
+        },
+        _ => Err(PlanError::InvalidRequest("`prompt` must be a string or a list of token ids".into())),
+    }
+}
+
+fn token_ids(items: &[Json]) -> Result<Vec<u32>, PlanError> {
+    if items.is_empty() {
+        return Err(PlanError::InvalidRequest("`prompt` has no token ids".into()));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| PlanError::InvalidRequest(format!("`prompt[{i}]` is not a token id (0..=4294967295)")))
+        })
+        .collect()
+}
+
+/// Replaces placeholder i by `images[i]`'s run (`(content hash, run parts)`), recording where
+/// each image landed. Run-part texts that are one token map to that id; longer texts are
+/// tokenized on their own, as vLLM tokenizes a replacement string.
+pub fn expand(model: &PromptModel, tokens: &ChatTokens, images: &[(u128, &[RunPart])]) -> Result<Expanded, PlanError> {
+    if tokens.placeholders.len() != images.len() {
+        return Err(PlanError::PlaceholderMismatch { placeholders: tokens.placeholders.len(), images: images.len() });
+    }
+    // ChatTokens has public fields: check the positions before slicing by them.
+    let ordered = tokens.placeholders.windows(2).all(|w| w[0] < w[1]);
+    if !ordered || tokens.placeholders.last().is_some_and(|&p| p >= tokens.ids.len()) {
+        return Err(PlanError::InvalidRequest("placeholder positions must be increasing and inside the ids".into()));
+    }
+    // Resolve each distinct part text once (runs repeat the same few texts).
+    let mut resolved: Vec<(&str, Vec<u32>)> = Vec::new();
+    let mut runs: Vec<Vec<(usize, u32)>> = Vec::with_capacity(images.len());
+    let mut total = tokens.ids.len() - images.len(); // ≥ 0: each placeholder is a distinct id position
+    for (_, parts) in images {
+        let mut run = Vec::with_capacity(parts.len());
+        for part in parts.iter() {
+            let text: &str = &part.text;
+            let idx = match resolved.iter().position(|(t, _)| *t == text) {
+                Some(i) => i,
+                None => {
+                    let ids = match model.token_id(text) {
+                        Some(id) => vec![id],
+                        None => model.encode(text)?,
+                    };
+                    resolved.push((text, ids));
+                    resolved.len() - 1
+                }
+            };
+            let len = resolved[idx]
+                .1
+                .len()
+                .checked_mul(part.repeat as usize)
+                .and_then(|n| total.checked_add(n))
+                .ok_or_else(|| PlanError::InvalidRequest("expanded prompt length overflows".into()))?;
+            total = len;
+            run.push((idx, part.repeat));
+        }
+        runs.push(run);
+    }
+    let too_long = || PlanError::InvalidRequest(format!("expanded prompt of {total} tokens exceeds u32 offsets"));
+    u32::try_from(total).map_err(|_| too_long())?;
+
+    let mut ids = Vec::with_capacity(total);
+    let mut spans = Vec::with_capacity(images.len());
+    let mut prev = 0;
+    for ((&pos, (hash, _)), run) in tokens.placeholders.iter().zip(images).zip(&runs) {
+        ids.extend_from_slice(&tokens.ids[prev..pos]);
+        let start = ids.len();
+        for &(idx, repeat) in run {
+            let part_ids = &resolved[idx].1;
+            for _ in 0..repeat {
+                ids.extend_from_slice(part_ids);
+            }
+        }
+        // Both fit: total was checked against u32 above.
+        let offset = u32::try_from(start).map_err(|_| too_long())?;
+        let len = u32::try_from(ids.len() - start).map_err(|_| too_long())?;
+        spans.push(ImageSpan { offset, len, hash: *hash });
+        prev = pos + 1;
+    }
+    ids.extend_from_slice(&tokens.ids[prev..]);
+    Ok(Expanded { ids, spans })
+}
+
+/// The text-prefix fallback: ids before the first placeholder (all ids if none).
+pub fn text_prefix(tokens: &ChatTokens) -> &[u32] {
+    let end = tokens.placeholders.first().copied().unwrap_or(tokens.ids.len());
+    &tokens.ids[..end.min(tokens.ids.len())]
+}

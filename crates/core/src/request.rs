@@ -1,0 +1,648 @@
+//! Stage **parse**: the request body read once, borrowed, into what every later stage needs.
+//!
+//! One serde pass over the received bytes finds the messages (for the chat template), the image parts
+//! (for intake, with their byte spans in the body so a later stage can splice fields into them
+//! without re-serialising), any media the router cannot account for, and the top-level fields the
+//! pipeline reads. A data URL is never copied: its `image_url` value stays a `&RawValue` borrowed from
+//! the body and its URL a `Cow` borrowed from that. Text and the small fields the template sees are
+//! owned `serde_json::Value`s. Unknown top-level keys are skipped without allocating.
+//!
+//! The parse is lenient about shape: only a body that is not a JSON object is an error. A chat whose
+//! `messages` the template could not render (not an array, a message that is not an object) still
+//! parses; the problem is kept as a value and the pipeline routes it by load, leaving the answer to the
+//! worker, as a transparent proxy should.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// Which OpenAI endpoint a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completion => "/v1/completions",
+        }
+    }
+}
+
+/// Why a body is not a request at all (answered 400, nothing forwarded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+}
+
+/// A content part the router cannot turn into an image to account for: the request then routes on
+/// its text prefix. `label()` is the fallback reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartError {
+    /// Audio, video, files, embeddings: media whose tokens the router cannot count.
+    #[error("messages[{message}].content[{part}]: unsupported media part type '{kind}'")]
+    UnsupportedMedia { message: usize, part: usize, kind: String },
+    /// An image part without a usable URL.
+    #[error("invalid image URL: {0}")]
+    InvalidUrl(String),
+}
+
+impl PartError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            PartError::UnsupportedMedia { .. } => "unsupported_media",
+            PartError::InvalidUrl(_) => "invalid_url",
+        }
+    }
+}
+
+/// Top-level keys the pipeline or the chat template read; everything else is skipped.
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "cache_salt",
+    "mm_processor_kwargs",
+    "tools",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "documents",
+    "prompt",
+    "stream",
+];
+
+/// Part types that carry media other than a still image: the router cannot count their tokens, so
+/// they force the fallback instead of being skipped.
+const UNSUPPORTED_KINDS: &[&str] = &[
+    "input_audio",
+    "audio_url",
+    "audio",
+    "video_url",
+    "video",
+    "input_video",
+    "file",
+    "input_file",
+    "image_embeds",
+    "image_pil",
+];
+
+/// Part keys holding a media payload; read only for their presence (they may be megabytes).
+const MEDIA_KEYS: &[&str] = &["input_audio", "audio_url", "video_url", "file", "image_embeds", "image", "video"];
+
+/// One request, parsed.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub endpoint: Endpoint,
+    fields: Map<String, Value>,
+    /// The chat's messages, or why they cannot be rendered (`messages` missing or not an array, a
+    /// message that is not an object).
+    pub messages: Result<Vec<Message>, String>,
+    /// Image parts in request order (only those with a usable URL).
+    pub images: Vec<ImagePart<'a>>,
+    /// The first media part the router cannot account for (audio, video, files, embeddings, an image
+    /// part without a URL): the request then routes on its text prefix.
+    pub media_issue: Option<PartError>,
+}
+
+/// One message: its keys in the order sent; `content` keeps image parts as parts (no URL copied).
+#[derive(Debug)]
+pub struct Message {
+    pub entries: Vec<(String, Entry)>,
+}
+
+/// A message value: plain JSON, or a content array of parts.
+#[derive(Debug)]
+pub enum Entry {
+    Json(Value),
+    Parts(Vec<Part>),
+}
+
+/// One content part as the template sees it.
+#[derive(Debug)]
+pub enum Part {
+    /// An image part (a `{"type": "image"}` marker for the template); `Some(i)` is its index in
+    /// [`Request::images`] when it has a usable URL.
+    Image(Option<usize>),
+    /// A video part (`{"type": "video"}` for the template).
+    Video,
+    /// Any other object part (text, refusal, …), its keys in order.
+    Object(Vec<(String, Value)>),
+    /// A part that is not an object, as sent.
+    Json(Value),
+}
+
+/// An image part of the request: its URL and where it sits in the body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImagePart<'a> {
+    /// The `data:`/`http(s):` URL as sent (borrowed unless JSON escapes forced a copy).
+    pub url: Cow<'a, str>,
+    /// Index into `messages`.
+    pub message: usize,
+    /// Index into that message's `content` array.
+    pub part: usize,
+    /// Byte range of the part's `image_url` value in the body.
+    pub image_url_span: Range<usize>,
+    /// Byte range of the part's own `uuid` value, if the client sent one.
+    pub uuid_span: Option<Range<usize>>,
+}
+
+impl<'a> Request<'a> {
+    /// Parses `body` in one pass. Only invalid JSON or a non-object body is an error.
+    pub fn parse(endpoint: Endpoint, body: &'a [u8]) -> Result<Request<'a>, ParseError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let seed = TopSeed { endpoint, base: body.as_ptr() as usize };
+        let request = seed.deserialize(&mut de).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ParseError::NotAnObject,
+            _ => ParseError::InvalidJson(e.to_string()),
+        })?;
+        de.end().map_err(|e| ParseError::InvalidJson(e.to_string()))?;
+        Ok(request)
+    }
+
+    /// A top-level field the pipeline reads (see `KNOWN_FIELDS`), as sent.
+    pub fn field(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key).filter(|v| !v.is_null())
+    }
+
+    pub fn str_field(&self, key: &str) -> Option<&str> {
+        self.field(key).and_then(Value::as_str)
+    }
+}
+
+impl Message {
+    /// The value of `key` if it is plain JSON.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.entries.iter().find(|(k, _)| k == key).and_then(|(_, e)| match e {
+            Entry::Json(v) => Some(v),
+            Entry::Parts(_) => None,
+        })
+    }
+
+    pub fn role(&self) -> Option<&str> {
+        self.get("role").and_then(Value::as_str)
+    }
+
+    /// The `content` entry, if present.
+    pub fn content(&self) -> Option<&Entry> {
+        self.entries.iter().find(|(k, _)| k == "content").map(|(_, e)| e)
+    }
+}
+
+/// State shared by the nested seeds while one body is parsed.
+struct Ctx<'a> {
+    base: usize,
+    images: Vec<ImagePart<'a>>,
+    media_issue: Option<PartError>,
+}
+
+impl Ctx<'_> {
+    fn issue(&mut self, e: PartError) {
+        self.media_issue.get_or_insert(e);
+    }
+
+    fn span(&self, raw: &RawValue) -> Range<usize> {
+        let start = raw.get().as_ptr() as usize - self.base;
+        start..start + raw.get().len()
+    }
+}
+
+struct TopSeed {
+    endpoint: Endpoint,
+    base: usize,
+}
+
+impl<'a> DeserializeSeed<'a> for TopSeed {
+    type Value = Request<'a>;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Request<'a>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'a> Visitor<'a> for TopSeed {
+    type Value = Request<'a>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Request<'a>, M::Error> {
+        let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None };
+        let mut fields = Map::new();
+        let mut messages = Err("`messages` must be an array".to_owned());
+        while let Some(key) = map.next_key::<Cow<'a, str>>()? {
+            match key.as_ref() {
+                "messages" => messages = map.next_value_seed(MessagesSeed(&mut ctx))?,
+                k if KNOWN_FIELDS.contains(&k) => {
+                    fields.insert(key.into_owned(), map.next_value()?);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Request { endpoint: self.endpoint, fields, messages, images: ctx.images, media_issue: ctx.media_issue })
+    }
+}
+
+/// Drains any JSON value a lenient visitor does not want, so parsing can go on.
+macro_rules! skip_other_types {
+    ($out:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+    };
+}
+
+struct MessagesSeed<'c, 'a>(&'c mut Ctx<'a>);
+
+impl<'a> DeserializeSeed<'a> for MessagesSeed<'_, 'a> {
+    type Value = Result<Vec<Message>, String>;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> Visitor<'a> for MessagesSeed<'_, 'a> {
+    type Value = Result<Vec<Message>, String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of messages")
+    }
+
+    skip_other_types!(Err("`messages` must be an array".to_owned()));
+
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Err("`messages` must be an array".to_owned()))
+    }
+
+    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        let mut out = Vec::new();
+        let mut bad = None;
+        while let Some(m) = seq.next_element_seed(MessageSeed { index: out.len(), ctx: &mut *self.0 })? {
+            match m {
+                Some(m) => out.push(m),
+                None => {
+                    bad.get_or_insert(format!("messages[{}] must be an object", out.len()));
+                    out.push(Message { entries: Vec::new() });
+                }
+            }
+        }
+        Ok(match bad {
+            Some(why) => Err(why),
+            None => Ok(out),
+        })
+    }
+}
+
+struct MessageSeed<'c, 'a> {
+    index: usize,
+    ctx: &'c mut Ctx<'a>,
+}
+
+impl<'a> DeserializeSeed<'a> for MessageSeed<'_, 'a> {
+    /// `None`: not an object.
+    type Value = Option<Message>;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> Visitor<'a> for MessageSeed<'_, 'a> {
+    type Value = Option<Message>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a message object")
+    }
+
+    skip_other_types!(None);
+
+    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Cow<'a, str>>()? {
+            let entry = if key == "content" {
+                map.next_value_seed(ContentSeed { message: self.index, ctx: &mut *self.ctx })?
+            } else {
+                Entry::Json(map.next_value()?)
+            };
+            entries.push((key.into_owned(), entry));
+        }
+        Ok(Some(Message { entries }))
+    }
+}
+
+struct ContentSeed<'c, 'a> {
+    message: usize,
+    ctx: &'c mut Ctx<'a>,
+}
+
+impl<'a> DeserializeSeed<'a> for ContentSeed<'_, 'a> {
+    type Value = Entry;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> Visitor<'a> for ContentSeed<'_, 'a> {
+    type Value = Entry;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("message content")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Entry::Json(v.into()))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Entry::Json(Value::Null))
+    }
+
+    fn visit_map<M: MapAccess<'a>>(self, map: M) -> Result<Self::Value, M::Error> {
+        Value::deserialize(MapAccessDeserializer::new(map)).map(Entry::Json)
+    }
+
+    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        let mut parts = Vec::new();
+        while let Some(p) =
+            seq.next_element_seed(PartSeed { message: self.message, part: parts.len(), ctx: &mut *self.ctx })?
+        {
+            parts.push(p);
+        }
+        Ok(Entry::Parts(parts))
+    }
+}
+
+struct PartSeed<'c, 'a> {
+    message: usize,
+    part: usize,
+    ctx: &'c mut Ctx<'a>,
+}
+
+impl<'a> DeserializeSeed<'a> for PartSeed<'_, 'a> {
+    type Value = Part;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// What one part object held, before it is classified.
+#[derive(Default)]
+struct RawPart<'a> {
+    fields: Vec<(String, Value)>,
+    image_url: Option<&'a RawValue>,
+    uuid: Option<&'a RawValue>,
+    /// Media payload keys present (values skipped).
+    media_keys: Vec<&'static str>,
+}
+
+impl<'a> Visitor<'a> for PartSeed<'_, 'a> {
+    type Value = Part;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a content part")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Part::Json(v.into()))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Part::Json(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Part::Json(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Part::Json(v.into()))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Part::Json(v.into()))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Part::Json(Value::Null))
+    }
+    fn visit_seq<S: SeqAccess<'a>>(self, seq: S) -> Result<Self::Value, S::Error> {
+        Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq)).map(Part::Json)
+    }
+
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        let mut raw = RawPart::default();
+        while let Some(key) = map.next_key::<Cow<'a, str>>()? {
+            match key.as_ref() {
+                "image_url" => raw.image_url = Some(map.next_value()?),
+                "uuid" => raw.uuid = Some(map.next_value()?),
+                k => match MEDIA_KEYS.iter().find(|m| **m == k) {
+                    Some(m) => {
+                        map.next_value::<IgnoredAny>()?;
+                        raw.media_keys.push(m);
+                    }
+                    None => raw.fields.push((key.into_owned(), map.next_value()?)),
+                },
+            }
+        }
+        Ok(classify(raw, self.message, self.part, self.ctx))
+    }
+}
+
+/// Decides what a part is: for intake (is it an image to fetch? media we cannot count?) and for the
+/// template (an image or video marker, or the part as sent).
+fn classify<'a>(raw: RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Part {
+    let kind = raw.fields.iter().find(|(k, _)| k == "type").and_then(|(_, v)| v.as_str()).map(str::to_owned);
+    let unsupported = |kind: &str| PartError::UnsupportedMedia { message: m, part: p, kind: kind.to_owned() };
+    let fetch_image = match kind.as_deref() {
+        Some("image_url") | Some("input_image") => true,
+        Some(k) if UNSUPPORTED_KINDS.contains(&k) => {
+            ctx.issue(unsupported(k));
+            false
+        }
+        None => raw.image_url.is_some(),
+        Some(_) => false,
+    };
+    if !fetch_image {
+        // An unknown type that still carries a media payload is not silently dropped.
+        if let Some(key) = raw.media_keys.iter().find(|k| !matches!(**k, "image" | "video")) {
+            ctx.issue(unsupported(kind.as_deref().unwrap_or(key)));
+        }
+    }
+    let template_kind = match kind.as_deref() {
+        Some("image_url" | "input_image" | "image") => Some("image"),
+        Some("video_url" | "input_video" | "video") => Some("video"),
+        Some(_) => None,
+        None if raw.image_url.is_some() || raw.media_keys.contains(&"image") => Some("image"),
+        None if raw.media_keys.contains(&"video_url") => Some("video"),
+        None => None,
+    };
+    let image = if fetch_image { image_part(&raw, m, p, ctx) } else { None };
+    match template_kind {
+        Some("image") => Part::Image(image),
+        Some(_) => Part::Video,
+        None => {
+            let mut fields = raw.fields;
+            // Keep what the template could read; a skipped payload key reads as present-but-null.
+            fields.extend(raw.media_keys.iter().map(|k| (k.to_string(), Value::Null)));
+            Part::Object(fields)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum UrlField<'a> {
+    Plain(#[serde(borrow)] Cow<'a, str>),
+    Object {
+        #[serde(borrow)]
+        url: Cow<'a, str>,
+    },
+}
+
+/// Records an image part to fetch (its index in `ctx.images`), or the reason it cannot be.
+fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Option<usize> {
+    let Some(value) = raw.image_url else {
+        ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: image_url missing")));
+        return None;
+    };
+    let url = match serde_json::from_str::<UrlField<'a>>(value.get()) {
+        Ok(UrlField::Plain(url) | UrlField::Object { url }) => url,
+        Err(_) => {
+            ctx.issue(PartError::InvalidUrl(format!(
+                "messages[{m}].content[{p}].image_url: expected a string or {{\"url\": string}}"
+            )));
+            return None;
+        }
+    };
+    let part = ImagePart {
+        url,
+        message: m,
+        part: p,
+        image_url_span: ctx.span(value),
+        uuid_span: raw.uuid.map(|u| ctx.span(u)),
+    };
+    ctx.images.push(part);
+    Some(ctx.images.len() - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &[u8]) -> Request<'_> {
+        Request::parse(Endpoint::Chat, body).unwrap()
+    }
+
+    #[test]
+    fn plain_data_url_is_borrowed_from_the_body_with_its_span() {
+        let body = br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"},"uuid":"x"}]}]}"#;
+        let r = chat(body);
+        assert_eq!(r.images.len(), 1);
+        let img = &r.images[0];
+        assert!(matches!(img.url, Cow::Borrowed(_)));
+        assert_eq!(&body[img.image_url_span.clone()], br#"{"url":"data:image/png;base64,AAAA"}"#);
+        assert_eq!(&body[img.uuid_span.clone().unwrap()], br#""x""#);
+        assert!(r.media_issue.is_none());
+        let msgs = r.messages.as_ref().unwrap();
+        assert_eq!(msgs[0].role(), Some("user"));
+        assert!(matches!(msgs[0].content(), Some(Entry::Parts(p)) if matches!(p[0], Part::Image(Some(0)))));
+    }
+
+    #[test]
+    fn escaped_url_is_unescaped() {
+        let r = chat(br#"{"messages":[{"content":[{"type":"image_url","image_url":"http:\/\/x.test\/a.png"}]}]}"#);
+        assert_eq!(r.images[0].url, "http://x.test/a.png");
+    }
+
+    #[test]
+    fn bodies_that_are_not_objects_are_errors() {
+        assert!(matches!(Request::parse(Endpoint::Chat, b"{\"messages\":["), Err(ParseError::InvalidJson(_))));
+        assert!(matches!(Request::parse(Endpoint::Chat, b""), Err(ParseError::InvalidJson(_))));
+        assert_eq!(Request::parse(Endpoint::Chat, b"[1]").unwrap_err(), ParseError::NotAnObject);
+        assert!(matches!(Request::parse(Endpoint::Chat, b"{} x"), Err(ParseError::InvalidJson(_))));
+    }
+
+    #[test]
+    fn bad_shapes_parse_and_keep_the_reason() {
+        assert_eq!(chat(br#"{"messages":"hi"}"#).messages.unwrap_err(), "`messages` must be an array");
+        assert_eq!(chat(br#"{"model":"m"}"#).messages.unwrap_err(), "`messages` must be an array");
+        let r = chat(br#"{"messages":[{"role":"user","content":"a"}, 5, {"content":[{"type":"image_url","image_url":"data:x"}]}]}"#);
+        assert_eq!(r.messages.unwrap_err(), "messages[1] must be an object");
+        // The parse went on past the bad message.
+        assert_eq!(r.images.len(), 1);
+        assert_eq!((r.images[0].message, r.images[0].part), (2, 0));
+    }
+
+    #[test]
+    fn missing_url_is_invalid_url() {
+        let r = chat(br#"{"messages":[{"content":[{"type":"image_url"}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "invalid_url");
+        let r = chat(br#"{"messages":[{"content":[{"type":"image_url","image_url":{"detail":"low"}}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "invalid_url");
+    }
+
+    #[test]
+    fn untyped_part_with_image_url_is_an_image() {
+        let r = chat(br#"{"messages":[{"content":[{"image_url":{"url":"https://a.test/x.png"}}]}]}"#);
+        assert_eq!(r.images.len(), 1);
+    }
+
+    #[test]
+    fn media_we_cannot_count_is_the_first_issue() {
+        let r = chat(
+            br#"{"messages":[{"content":[{"type":"text","text":"hi"},{"type":"input_audio","input_audio":{"data":"AAAA"}},{"type":"video_url","video_url":{"url":"v"}}]}]}"#,
+        );
+        assert!(
+            matches!(r.media_issue, Some(PartError::UnsupportedMedia { part: 1, ref kind, .. }) if kind == "input_audio")
+        );
+        let r = chat(br#"{"messages":[{"content":[{"type":"custom","file":{"x":1}}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "unsupported_media");
+    }
+
+    #[test]
+    fn known_fields_are_kept_and_others_skipped() {
+        let r = chat(br#"{"model":"m","max_tokens":7,"stream":true,"huge":{"x":[1,2,3]},"messages":[]}"#);
+        assert_eq!(r.str_field("model"), Some("m"));
+        assert_eq!(r.field("max_tokens"), Some(&Value::from(7)));
+        assert!(r.field("huge").is_none());
+        assert!(r.messages.unwrap().is_empty());
+    }
+}

@@ -1,0 +1,357 @@
+//! Pipeline step 4, **select**: choose the worker for a request from the block index (who holds how
+//! much of the prompt) and the in-flight load (who is busy), under the configured policy.
+//!
+//! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the healthy workers (a
+//! [`Decision`] whose `candidates` a retry walks in order) → [`Router::begin`] (hold the load until the
+//! response ends) → [`Router::record`] (remember what the chosen worker now caches). Parts: [`worker`]
+//! (a worker owns its health and load), [`index`] (chained block keys → workers, TTL + global LRU
+//! budget), [`load`] (in-flight counters and the RAII guard), and one file per policy behind the
+//! `Policy` trait (`policy.rs`).
+//!
+//! Every policy reports the per-worker overlap from the index, not just `kv`: a probe is a few
+//! microseconds (see `benches/index.rs`), and it keeps `mmrouter_kv_overlap_tokens` meaning the same
+//! whatever the policy, so policies can be compared on it.
+
+pub mod index;
+mod kv;
+mod least_loaded;
+pub mod load;
+mod policy;
+mod round_robin;
+pub mod worker;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use index::{BlockIndex, MAX_WORKERS};
+pub use load::{InFlight, Load, WorkerLoad};
+pub use worker::{LoadGuard, Worker, WorkerSpec};
+
+use policy::{Candidates, Policy};
+
+/// Which selection strategy the router uses (`[routing] policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Cache- and load-aware cost (the default).
+    #[default]
+    Kv,
+    RoundRobin,
+    LeastLoaded,
+}
+
+/// `[routing]` section of the configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    pub policy: PolicyKind,
+    /// Weight of (uncached prompt + in-flight prefill) tokens in the `kv` cost.
+    pub prefill_weight: f64,
+    /// Weight of in-flight decode tokens in the `kv` cost.
+    pub decode_weight: f64,
+    /// 0 = lowest cost wins; > 0 = softmax sampling over normalised costs (higher = more spread).
+    pub temperature: f64,
+    /// Global budget of block keys in the index (all workers together), LRU-evicted.
+    pub index_max_blocks: usize,
+    /// Seconds a recorded (block, worker) pair counts as cached (approximate mode).
+    pub index_ttl_secs: u64,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            policy: PolicyKind::Kv,
+            prefill_weight: 1.0,
+            decode_weight: 1.0,
+            temperature: 0.0,
+            index_max_blocks: 1_000_000,
+            index_ttl_secs: 600,
+        }
+    }
+}
+
+/// Largest `index_max_blocks`: slots are `u32` and one value is reserved.
+const MAX_INDEX_BLOCKS: usize = (u32::MAX - 1) as usize;
+
+/// Why a routing configuration or router could not be built. Messages name the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RoutingError {
+    #[error("{key} must be a finite number >= 0 (got {value})")]
+    InvalidNumber { key: &'static str, value: f64 },
+    #[error("{key} must be between {min} and {max} (got {value})")]
+    OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("routing supports at most {max} workers, [[workers]] lists {got}")]
+    TooManyWorkers { got: usize, max: usize },
+    #[error("worker name {name:?} appears more than once in [[workers]]")]
+    DuplicateWorker { name: String },
+}
+
+impl RoutingError {
+    /// Stable snake_case label (for logs and metric labels).
+    pub fn label(&self) -> &'static str {
+        match self {
+            RoutingError::InvalidNumber { .. } => "invalid_number",
+            RoutingError::OutOfRange { .. } => "out_of_range",
+            RoutingError::TooManyWorkers { .. } => "too_many_workers",
+            RoutingError::DuplicateWorker { .. } => "duplicate_worker",
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Checks every key; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        for (key, value) in [
+            ("routing.prefill_weight", self.prefill_weight),
+            ("routing.decode_weight", self.decode_weight),
+            ("routing.temperature", self.temperature),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(RoutingError::InvalidNumber { key, value });
+            }
+        }
+        let blocks = self.index_max_blocks as u64;
+        if !(1..=MAX_INDEX_BLOCKS as u64).contains(&blocks) {
+            let max = MAX_INDEX_BLOCKS as u64;
+            return Err(RoutingError::OutOfRange { key: "routing.index_max_blocks", min: 1, max, value: blocks });
+        }
+        // Stamps are whole seconds in a u32.
+        if !(1..=u64::from(u32::MAX)).contains(&self.index_ttl_secs) {
+            let (max, value) = (u64::from(u32::MAX), self.index_ttl_secs);
+            return Err(RoutingError::OutOfRange { key: "routing.index_ttl_secs", min: 1, max, value });
+        }
+        Ok(())
+    }
+}
+
+/// What `select` needs to know about a request.
+pub struct SelectRequest<'a> {
+    /// The prompt's chained block keys, in order.
+    pub blocks: &'a [u64],
+    pub block_size: u32,
+    /// Prompt tokens, images expanded (for a text-prefix plan: what the router can count).
+    pub prompt_tokens: u32,
+    /// Expected decode tokens (e.g. `max_tokens`).
+    pub decode_tokens: u32,
+}
+
+/// The ranking behind one choice (answered by `/debug/route`). The router never stores it: the caller
+/// holds it for the request's life and walks `candidates` on retries.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    /// Healthy workers, best first: the policy's pick, then the others by ascending cost (ties in
+    /// rotation order after the pick).
+    pub candidates: Vec<usize>,
+    /// Leading blocks of the prompt each worker holds (index = worker).
+    pub overlap_blocks: Vec<u32>,
+    /// Each worker's score under the policy, lower is better (kv: the cost; least_loaded: in-flight
+    /// requests; round_robin: 0). NaN (`null` in JSON) for unhealthy workers.
+    pub costs: Vec<f64>,
+    pub policy: &'static str,
+}
+
+impl Decision {
+    /// The policy's pick.
+    pub fn worker(&self) -> usize {
+        self.candidates[0]
+    }
+
+    /// Prompt tokens `worker` is predicted to hold.
+    pub fn overlap_tokens(&self, worker: usize, block_size: u32) -> u32 {
+        self.overlap_blocks.get(worker).copied().unwrap_or(0).saturating_mul(block_size)
+    }
+}
+
+/// Worker selection for one pool: its workers, the block index, the policy. `Send + Sync`.
+pub struct Router {
+    workers: Vec<Arc<Worker>>,
+    index: BlockIndex,
+    policy: Box<dyn Policy>,
+}
+
+impl Router {
+    /// Builds a router over `workers` (their position is the worker id everywhere). At most
+    /// [`MAX_WORKERS`], names unique.
+    pub fn new(cfg: RoutingConfig, workers: Vec<WorkerSpec>) -> Result<Router, RoutingError> {
+        cfg.validate()?;
+        if workers.len() > MAX_WORKERS {
+            return Err(RoutingError::TooManyWorkers { got: workers.len(), max: MAX_WORKERS });
+        }
+        for (i, w) in workers.iter().enumerate() {
+            if workers[..i].iter().any(|o| o.name == w.name) {
+                // Gauges are labelled by name: two workers with one name would share a series.
+                return Err(RoutingError::DuplicateWorker { name: w.name.clone() });
+            }
+        }
+        let policy: Box<dyn Policy> = match cfg.policy {
+            PolicyKind::Kv => Box::new(kv::Kv {
+                prefill_weight: cfg.prefill_weight,
+                decode_weight: cfg.decode_weight,
+                temperature: cfg.temperature,
+            }),
+            PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new()),
+            PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded),
+        };
+        Ok(Router {
+            index: BlockIndex::new(workers.len(), cfg.index_max_blocks, cfg.index_ttl_secs),
+            workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
+            policy,
+        })
+    }
+
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+
+    /// Worker `id` (as found in a [`Decision`]).
+    pub fn worker(&self, id: usize) -> &Arc<Worker> {
+        &self.workers[id]
+    }
+
+    /// Ranks the healthy workers for a request; `None` if none is healthy.
+    pub fn select(&self, req: &SelectRequest<'_>) -> Option<Decision> {
+        let eligible: Vec<bool> = self.workers.iter().map(|w| w.is_healthy()).collect();
+        if !eligible.contains(&true) {
+            return None;
+        }
+        let overlap_blocks = self.index.probe(req.blocks);
+        let inflight: Vec<InFlight> = self.workers.iter().map(|w| w.inflight()).collect();
+        let candidates = Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight };
+        let pick = self.policy.pick(&candidates, &mut rand::rng())?;
+        let candidates = rank(pick.worker, &pick.costs, &eligible);
+        Some(Decision { candidates, overlap_blocks, costs: pick.costs, policy: self.policy.name() })
+    }
+
+    /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
+    pub fn begin(&self, worker: usize, load: Load) -> LoadGuard {
+        LoadGuard::hold(self.workers[worker].clone(), load)
+    }
+
+    /// Approximate mode: remember that `worker` now caches `blocks` (call after dispatch).
+    pub fn record(&self, worker: usize, blocks: &[u64]) {
+        self.index.record(worker, blocks);
+    }
+
+    /// Takes `worker` out of rotation and forgets its blocks (it died, or stopped answering: it may
+    /// come back with an empty cache). Returns true if it was healthy until now.
+    pub fn mark_down(&self, worker: usize) -> bool {
+        let was = self.workers[worker].set_healthy(false);
+        if was {
+            self.index.remove_worker(worker);
+        }
+        was
+    }
+
+    /// Puts `worker` back into rotation. Returns true if it was down until now.
+    pub fn mark_up(&self, worker: usize) -> bool {
+        !self.workers[worker].set_healthy(true)
+    }
+
+    /// Block keys the index holds.
+    pub fn index_blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    /// In-flight load per worker (for `/debug` and tests).
+    pub fn loads(&self) -> Vec<WorkerLoad> {
+        self.workers.iter().map(|w| WorkerLoad { worker: w.name().to_owned(), inflight: w.inflight() }).collect()
+    }
+}
+
+/// The pick first, then the other eligible workers by ascending cost; equal costs in rotation order
+/// after the pick, so retries spread instead of always trying worker 0 next.
+fn rank(pick: usize, costs: &[f64], eligible: &[bool]) -> Vec<usize> {
+    let n = eligible.len();
+    let mut rest: Vec<usize> = (0..n).filter(|&i| eligible[i] && i != pick).collect();
+    rest.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(((a + n - pick) % n).cmp(&((b + n - pick) % n))));
+    std::iter::once(pick).chain(rest).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let c = RoutingConfig::default();
+        assert_eq!(c.policy, PolicyKind::Kv);
+        assert_eq!((c.prefill_weight, c.decode_weight, c.temperature), (1.0, 1.0, 0.0));
+        assert_eq!((c.index_max_blocks, c.index_ttl_secs), (1_000_000, 600));
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let bad = |f: fn(&mut RoutingConfig)| {
+            let mut c = RoutingConfig::default();
+            f(&mut c);
+            c.validate().expect_err("must be rejected")
+        };
+        let e = bad(|c| c.temperature = -1.0);
+        assert_eq!(e.label(), "invalid_number");
+        assert!(e.to_string().starts_with("routing.temperature must be a finite number >= 0"), "{e}");
+        assert!(bad(|c| c.prefill_weight = f64::NAN).to_string().contains("routing.prefill_weight"));
+        assert!(bad(|c| c.decode_weight = f64::INFINITY).to_string().contains("routing.decode_weight"));
+        let e = bad(|c| c.index_max_blocks = 0);
+        assert_eq!(e.label(), "out_of_range");
+        assert!(e.to_string().contains("routing.index_max_blocks"), "{e}");
+        assert!(bad(|c| c.index_ttl_secs = 0).to_string().contains("routing.index_ttl_secs"));
+    }
+
+    fn specs(names: &[&str]) -> Vec<WorkerSpec> {
+        names.iter().map(|n| WorkerSpec { name: n.to_string(), url: "http://127.0.0.1:1".into() }).collect()
+    }
+
+    #[test]
+    fn router_rejects_too_many_or_duplicate_workers() {
+        let names = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>();
+        let n = |k| specs(&names(k).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(Router::new(RoutingConfig::default(), n(64)).is_ok());
+        let e = Router::new(RoutingConfig::default(), n(65)).err().expect("65 workers rejected");
+        assert_eq!(e, RoutingError::TooManyWorkers { got: 65, max: 64 });
+        assert_eq!(e.label(), "too_many_workers");
+        let e = Router::new(RoutingConfig::default(), specs(&["a", "b", "a"])).err();
+        assert_eq!(e.map(|e| e.label()), Some("duplicate_worker"));
+        let bad = RoutingConfig { temperature: -0.5, ..RoutingConfig::default() };
+        assert!(Router::new(bad, n(2)).is_err());
+    }
+
+    #[test]
+    fn candidates_are_the_healthy_workers_best_first() {
+        let r = Router::new(RoutingConfig::default(), specs(&["a", "b", "c", "d"])).unwrap();
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0 };
+        let busy = r.begin(2, Load { prefill_tokens: 500, decode_tokens: 0, image_tokens: 0 });
+        let d = r.select(&req).unwrap();
+        assert_eq!(d.candidates.len(), 4);
+        assert_eq!(*d.candidates.last().unwrap(), 2, "the loaded worker is the last resort");
+        assert_eq!(d.worker(), d.candidates[0]);
+        assert!(r.mark_down(1));
+        assert!(!r.mark_down(1), "already down");
+        let d = r.select(&req).unwrap();
+        assert!(!d.candidates.contains(&1));
+        assert!(d.costs[1].is_nan());
+        assert!(r.mark_up(1));
+        drop(busy);
+        for w in 0..4 {
+            r.mark_down(w);
+        }
+        assert!(r.select(&req).is_none());
+    }
+
+    #[test]
+    fn rank_orders_by_cost_then_rotation_after_the_pick() {
+        let costs = [1.0, 5.0, 1.0, f64::NAN, 1.0];
+        let eligible = [true, true, true, false, true];
+        assert_eq!(rank(2, &costs, &eligible), vec![2, 4, 0, 1]);
+        assert_eq!(rank(0, &[0.0; 3], &[true; 3]), vec![0, 1, 2]);
+        assert_eq!(rank(1, &[0.0; 3], &[true; 3]), vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn router_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Router>();
+        assert_send_sync::<LoadGuard>();
+    }
+}

@@ -1,0 +1,219 @@
+//! One worker of the pool and the state it owns: its name and URL, its health, and its in-flight load.
+//!
+//! A request's load is held by a [`LoadGuard`]: [`super::Router::begin`] adds the load to its worker
+//! and returns the guard, which is the only way to release it. [`LoadGuard::first_byte`] releases the
+//! prefill part (the worker has finished the prompt), and `Drop` releases whatever is still held. The
+//! proxy moves the guard into the response body, so the load is released on every path — stream end,
+//! upstream error, timeout, client disconnect (the body is dropped) — and never twice (peers leaked
+//! load on some of these paths).
+//!
+//! Health has one writer API ([`super::Router::mark_down`] / [`super::Router::mark_up`]) so every
+//! path that learns a worker is gone (active health checks, a failed connect) does the same thing:
+//! flip the flag and forget the worker's index entries.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::load::{InFlight, Load, LoadCounters};
+
+/// What the configuration says about a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Unique within the pool; the `worker` label of every per-worker metric.
+    pub name: String,
+    /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
+    pub url: String,
+}
+
+/// A worker and its live state. Shared (`Arc`) between the router, in-flight requests (their load
+/// guards) and the health checker.
+#[derive(Debug)]
+pub struct Worker {
+    spec: WorkerSpec,
+    healthy: AtomicBool,
+    pub(crate) load: LoadCounters,
+}
+
+impl Worker {
+    /// A worker starts healthy: the first failed check or connect takes it out.
+    pub fn new(spec: WorkerSpec) -> Worker {
+        Worker { spec, healthy: AtomicBool::new(true), load: LoadCounters::default() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn url(&self) -> &str {
+        &self.spec.url
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Sets the flag; returns the previous value.
+    pub(crate) fn set_healthy(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::Relaxed)
+    }
+
+    /// The load currently held on this worker.
+    pub fn inflight(&self) -> InFlight {
+        self.load.snapshot()
+    }
+
+    /// True once an exact-routed request with images was dispatched here (the image-token gauge is
+    /// exported from then on, so a text-only or fallback worker never shows one).
+    pub fn has_carried_images(&self) -> bool {
+        self.load.has_carried_images()
+    }
+}
+
+/// Holds one request's load on its worker; see the module docs.
+#[must_use = "dropping the guard releases the load immediately"]
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    /// What this guard still holds (0 once released).
+    prefill: u64,
+    decode: u64,
+    image: u64,
+    released: bool,
+}
+
+impl std::fmt::Debug for LoadGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadGuard")
+            .field("worker", &self.worker.name())
+            .field("prefill", &self.prefill)
+            .field("decode", &self.decode)
+            .field("image", &self.image)
+            .finish()
+    }
+}
+
+/// Subtracts what a guard added. The guard never subtracts more than it added, so this cannot
+/// underflow; saturating anyway keeps a counter at 0 rather than wrapping if that were ever broken.
+fn release(counter: &AtomicU64, amount: u64) {
+    if amount == 0 {
+        return;
+    }
+    let prev = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(amount)));
+    debug_assert!(prev.is_ok_and(|v| v >= amount), "load released more than it held");
+}
+
+impl LoadGuard {
+    /// Adds `load` (and one request) to `worker` until the guard drops.
+    pub(crate) fn hold(worker: Arc<Worker>, load: Load) -> LoadGuard {
+        let (prefill, decode, image) =
+            (u64::from(load.prefill_tokens), u64::from(load.decode_tokens), u64::from(load.image_tokens));
+        let c = &worker.load;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.prefill.fetch_add(prefill, Ordering::Relaxed);
+        c.decode.fetch_add(decode, Ordering::Relaxed);
+        if image > 0 {
+            c.image.fetch_add(image, Ordering::Relaxed);
+            c.carried_images.store(true, Ordering::Relaxed);
+        }
+        LoadGuard { worker, prefill, decode, image, released: false }
+    }
+
+    /// The worker this guard holds load on.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// The first response byte arrived: the prompt is computed, release the prefill tokens. Idempotent.
+    pub fn first_byte(&mut self) {
+        release(&self.worker.load.prefill, self.prefill);
+        self.prefill = 0;
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        self.first_byte();
+        let c = &self.worker.load;
+        release(&c.requests, 1);
+        release(&c.decode, self.decode);
+        release(&c.image, self.image);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(name: &str) -> Arc<Worker> {
+        Arc::new(Worker::new(WorkerSpec { name: name.into(), url: "http://127.0.0.1:1".into() }))
+    }
+
+    const LOAD: Load = Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 };
+
+    #[test]
+    fn first_byte_releases_only_prefill_and_drop_the_rest() {
+        let (idle, w) = (worker("w0"), worker("w1"));
+        let mut g = LoadGuard::hold(w.clone(), LOAD);
+        let held = InFlight { requests: 1, prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 };
+        assert_eq!((idle.inflight(), w.inflight()), (InFlight::default(), held));
+        g.first_byte();
+        assert_eq!(w.inflight(), InFlight { prefill_tokens: 0, ..held });
+        g.first_byte(); // idempotent: no underflow, no double release
+        assert_eq!(w.inflight(), InFlight { prefill_tokens: 0, ..held });
+        drop(g);
+        assert_eq!(w.inflight(), InFlight::default());
+    }
+
+    #[test]
+    fn drop_without_first_byte_releases_everything() {
+        let w = worker("w0");
+        let a = LoadGuard::hold(w.clone(), LOAD);
+        let b = LoadGuard::hold(w.clone(), Load { prefill_tokens: 7, decode_tokens: 0, image_tokens: 0 });
+        assert_eq!(w.inflight(), InFlight { requests: 2, prefill_tokens: 107, decode_tokens: 20, image_tokens: 64 });
+        drop(a); // e.g. upstream error before any byte
+        assert_eq!(w.inflight(), InFlight { requests: 1, prefill_tokens: 7, decode_tokens: 0, image_tokens: 0 });
+        drop(b);
+        assert_eq!(w.inflight(), InFlight::default());
+    }
+
+    #[test]
+    fn only_image_carrying_requests_mark_the_worker() {
+        let w = worker("w0");
+        drop(LoadGuard::hold(w.clone(), Load { prefill_tokens: 30, decode_tokens: 5, image_tokens: 0 }));
+        // A text-only (or fallback) request never touches the image gauge.
+        assert!(!w.has_carried_images());
+        drop(LoadGuard::hold(w.clone(), LOAD));
+        assert!(w.has_carried_images());
+        assert_eq!(w.inflight(), InFlight::default());
+    }
+
+    #[test]
+    fn concurrent_hold_and_drop_end_at_zero() {
+        let workers: Vec<Arc<Worker>> = (0..3).map(|i| worker(&format!("w{i}"))).collect();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let workers = workers.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for j in 0..2000u32 {
+                        let load = Load { prefill_tokens: j % 97, decode_tokens: j % 13, image_tokens: j % 3 };
+                        let mut g = LoadGuard::hold(workers[(i + j as usize) % 3].clone(), load);
+                        if j % 2 == 0 {
+                            g.first_byte();
+                        }
+                        held.push(g);
+                        if held.len() > 16 {
+                            held.drain(..8);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().expect("worker thread panicked");
+        }
+        assert!(workers.iter().all(|w| w.inflight() == InFlight::default()));
+    }
+}

@@ -1,0 +1,132 @@
+//! The one-pass request parse on chat-completions bodies: both `image_url` forms, `input_image`,
+//! order, byte spans, other media forcing the fallback, and bodies without images.
+
+use mmrouter_core::request::{Endpoint, ParseError, PartError, Request};
+
+fn parse(body: &str) -> Request<'_> {
+    Request::parse(Endpoint::Chat, body.as_bytes()).unwrap()
+}
+
+fn urls(body: &str) -> Vec<(String, usize, usize)> {
+    let r = parse(body);
+    assert!(r.media_issue.is_none(), "{body}: {:?}", r.media_issue);
+    r.images.into_iter().map(|r| (r.url.into_owned(), r.message, r.part)).collect()
+}
+
+#[test]
+fn string_and_object_forms_and_input_image_in_order() {
+    let body = r#"{
+      "model": "m",
+      "messages": [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": [
+          {"type": "text", "text": "compare"},
+          {"type": "image_url", "image_url": {"url": "https://a.test/1.png", "detail": "high"}},
+          {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
+          {"type": "input_image", "image_url": "https://a.test/3.jpg"}
+        ]},
+        {"role": "assistant", "content": null},
+        {"role": "user", "content": [
+          {"type": "input_text", "text": "and"},
+          {"type": "input_image", "image_url": {"url": "https://a.test/4.webp"}}
+        ]}
+      ],
+      "max_tokens": 10
+    }"#;
+    assert_eq!(
+        urls(body),
+        vec![
+            ("https://a.test/1.png".into(), 1, 1),
+            ("data:image/png;base64,AAAA".into(), 1, 2),
+            ("https://a.test/3.jpg".into(), 1, 3),
+            ("https://a.test/4.webp".into(), 3, 1),
+        ]
+    );
+}
+
+#[test]
+fn bodies_without_images() {
+    for body in [
+        r#"{"messages":[{"role":"user","content":"hello"}]}"#,
+        r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+        r#"{"messages":[]}"#,
+        r#"{"prompt":"no messages at all"}"#,
+        r#"{"messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"}, "odd", 3]}]}"#,
+        r#"{"messages":[{"role":"tool","content":[{"type":"some_future_type","text":"x"}]}]}"#,
+    ] {
+        assert!(urls(body).is_empty(), "{body}");
+    }
+}
+
+#[test]
+fn other_media_force_the_fallback() {
+    for (part, kind) in [
+        (r#"{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}"#, "input_audio"),
+        (r#"{"type":"audio_url","audio_url":{"url":"https://a.test/a.mp3"}}"#, "audio_url"),
+        (r#"{"type":"video_url","video_url":{"url":"https://a.test/v.mp4"}}"#, "video_url"),
+        (r#"{"type":"file","file":{"file_id":"f"}}"#, "file"),
+        (r#"{"type":"input_file","file_id":"f"}"#, "input_file"),
+        (r#"{"type":"image_embeds","image_embeds":"AAAA"}"#, "image_embeds"),
+        // an unknown type that still carries media is not silently dropped
+        (r#"{"type":"x_video","video_url":{"url":"https://a.test/v.mp4"}}"#, "x_video"),
+        (r#"{"video_url":{"url":"https://a.test/v.mp4"}}"#, "video_url"),
+    ] {
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":"https://a.test/1.png"}},{part}]}}]}}"#
+        );
+        match parse(&body).media_issue {
+            Some(PartError::UnsupportedMedia { message, part, kind: k }) => {
+                assert_eq!((message, part, k.as_str()), (0, 1, kind));
+            }
+            other => panic!("{part}: {other:?}"),
+        }
+        assert_eq!(parse(&body).media_issue.unwrap().label(), "unsupported_media");
+    }
+}
+
+#[test]
+fn malformed_input_is_an_error_or_a_reason_never_a_panic() {
+    for body in ["", "{", "{\"messages\":[}"] {
+        assert!(matches!(Request::parse(Endpoint::Chat, body.as_bytes()), Err(ParseError::InvalidJson(_))), "{body}");
+    }
+    for body in ["null", "[]", "3", "\"x\""] {
+        assert!(matches!(Request::parse(Endpoint::Chat, body.as_bytes()), Err(ParseError::NotAnObject)), "{body}");
+    }
+    assert!(parse(r#"{"messages":"x"}"#).messages.is_err());
+    for body in [
+        r#"{"messages":[{"content":[{"type":"image_url","image_url":42}]}]}"#,
+        r#"{"messages":[{"content":[{"type":"image_url","image_url":{"url":7}}]}]}"#,
+    ] {
+        assert_eq!(parse(body).media_issue.expect(body).label(), "invalid_url", "{body}");
+    }
+}
+
+#[test]
+fn large_data_urls_are_borrowed_not_copied() {
+    let payload = "A".repeat(1 << 20);
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{payload}"}}}}]}}]}}"#
+    );
+    let found = parse(&body);
+    let url = &found.images[0].url;
+    assert!(matches!(url, std::borrow::Cow::Borrowed(_)));
+    // The borrowed slice points into the body itself.
+    let start = body.as_ptr() as usize;
+    let at = url.as_ptr() as usize;
+    assert!(at >= start && at + url.len() <= start + body.len());
+}
+
+#[test]
+fn spans_locate_each_image_url_and_client_uuid_in_the_body() {
+    let body = r#"{"messages":[{"role":"user","content":[
+        {"type":"text","text":"{\"image_url\": \"not this\"}"},
+        {"type":"image_url","uuid":"client-id","image_url":{"url":"https://a.test/1.png","detail":"low"}},
+        {"type":"image_url","image_url":"data:image/png;base64,AAAA"}]}]}"#;
+    let r = parse(body);
+    assert_eq!(r.images.len(), 2);
+    let at = |range: std::ops::Range<usize>| &body[range];
+    assert_eq!(at(r.images[0].image_url_span.clone()), r#"{"url":"https://a.test/1.png","detail":"low"}"#);
+    assert_eq!(at(r.images[0].uuid_span.clone().unwrap()), r#""client-id""#);
+    assert_eq!(at(r.images[1].image_url_span.clone()), r#""data:image/png;base64,AAAA""#);
+    assert_eq!(r.images[1].uuid_span, None);
+}

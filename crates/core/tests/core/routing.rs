@@ -1,0 +1,265 @@
+//! Behaviour of the routing facade: the policies' choices given index contents and in-flight load.
+
+use mmrouter_core::routing::{Decision, Load, PolicyKind, Router, RoutingConfig, SelectRequest, WorkerSpec};
+
+const BS: u32 = 16;
+
+fn names(n: usize) -> Vec<WorkerSpec> {
+    (0..n).map(|i| WorkerSpec { name: format!("w{i}"), url: format!("http://127.0.0.1:{}", 9000 + i) }).collect()
+}
+
+/// Sets every worker's health from `healthy` (a missing entry is unhealthy), then selects.
+fn select(r: &Router, req: &SelectRequest<'_>, healthy: &[bool]) -> Option<Decision> {
+    for i in 0..r.workers().len() {
+        if healthy.get(i).copied().unwrap_or(false) {
+            r.mark_up(i);
+        } else {
+            r.mark_down(i);
+        }
+    }
+    r.select(req)
+}
+
+fn router(policy: PolicyKind, n: usize) -> Router {
+    let cfg = RoutingConfig { policy, ..RoutingConfig::default() };
+    Router::new(cfg, names(n)).expect("valid router")
+}
+
+/// `n` chained-looking block keys, distinct per `seed`.
+fn blocks(seed: u64, n: usize) -> Vec<u64> {
+    (0..n as u64).map(|i| (seed << 32 | i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed).collect()
+}
+
+fn req(blocks: &[u64]) -> SelectRequest<'_> {
+    SelectRequest { blocks, block_size: BS, prompt_tokens: blocks.len() as u32 * BS, decode_tokens: 32 }
+}
+
+fn prefill(tokens: u32) -> Load {
+    Load { prefill_tokens: tokens, decode_tokens: 0, image_tokens: 0 }
+}
+
+#[test]
+fn kv_prefers_more_overlap_when_loads_are_equal() {
+    let r = router(PolicyKind::Kv, 3);
+    let b = blocks(1, 40);
+    r.record(0, &b[..10]);
+    r.record(1, &b[..20]);
+    for _ in 0..200 {
+        let d = select(&r, &req(&b), &[true, true, true]).expect("healthy workers");
+        assert_eq!(d.worker(), 1);
+        assert_eq!(d.overlap_blocks, vec![10, 20, 0]);
+        assert_eq!(d.overlap_tokens(d.worker(), BS), 320);
+        // cost = uncached tokens here (no load): 640 − overlap × 16.
+        assert_eq!(d.costs, vec![480.0, 320.0, 640.0]);
+        assert_eq!(d.policy, "kv");
+    }
+}
+
+#[test]
+fn kv_prefers_a_cold_idle_worker_over_a_hot_busy_one() {
+    // Prompt: 40 blocks × 16 = 640 tokens. Worker 0 holds the first 30 blocks (480 tokens saved).
+    let b = blocks(2, 40);
+    let healthy = [true, true];
+
+    // Worker 0 has 600 prefill tokens in flight, more than the 480 it would save:
+    //   cost(w0) = 1.0 × ((640 − 480) + 600) + 1.0 × 0 = 760
+    //   cost(w1) = 1.0 × (640 + 0)           + 1.0 × 0 = 640  → the cold worker 1 wins.
+    let r = router(PolicyKind::Kv, 2);
+    r.record(0, &b[..30]);
+    let _busy = r.begin(0, prefill(600));
+    let d = select(&r, &req(&b), &healthy).expect("healthy workers");
+    assert_eq!(d.costs, vec![760.0, 640.0]);
+    assert_eq!(d.worker(), 1);
+
+    // With only 400 in flight the cache still pays off: cost(w0) = 160 + 400 = 560 < 640.
+    let r = router(PolicyKind::Kv, 2);
+    r.record(0, &b[..30]);
+    let _busy = r.begin(0, prefill(400));
+    let d = select(&r, &req(&b), &healthy).expect("healthy workers");
+    assert_eq!(d.costs, vec![560.0, 640.0]);
+    assert_eq!(d.worker(), 0);
+}
+
+#[test]
+fn kv_counts_decode_load_with_its_weight() {
+    // Equal overlap (none); worker 0 has 100 decode tokens in flight. decode_weight 0.5:
+    //   cost(w0) = 1.0 × 640 + 0.5 × 100 = 690, cost(w1) = 640 → worker 1.
+    let cfg = RoutingConfig { decode_weight: 0.5, ..RoutingConfig::default() };
+    let r = Router::new(cfg, names(2)).expect("valid router");
+    let b = blocks(3, 40);
+    let _g = r.begin(0, Load { prefill_tokens: 0, decode_tokens: 100, image_tokens: 0 });
+    let d = select(&r, &req(&b), &[true, true]).expect("healthy workers");
+    assert_eq!(d.costs, vec![690.0, 640.0]);
+    assert_eq!(d.worker(), 1);
+}
+
+#[test]
+fn kv_breaks_ties_at_random() {
+    let r = router(PolicyKind::Kv, 3);
+    let b = blocks(4, 8);
+    r.record(0, &b);
+    r.record(2, &b);
+    let mut seen = [0u32; 3];
+    for _ in 0..1000 {
+        seen[select(&r, &req(&b), &[true, true, true]).expect("healthy").worker()] += 1;
+    }
+    // Workers 0 and 2 tie (cost 0) and worker 1 is worse: ~500 each expected, < 200 is ~1e-80 likely.
+    assert_eq!(seen[1], 0, "{seen:?}");
+    assert!(seen[0] > 200 && seen[2] > 200, "{seen:?}");
+}
+
+#[test]
+fn kv_temperature_spreads_choices() {
+    let b = blocks(5, 40);
+    let pick_counts = |temperature: f64| {
+        let cfg = RoutingConfig { temperature, ..RoutingConfig::default() };
+        let r = Router::new(cfg, names(2)).expect("valid router");
+        r.record(0, &b);
+        let mut seen = [0u32; 2];
+        for _ in 0..2000 {
+            seen[select(&r, &req(&b), &[true, true]).expect("healthy").worker()] += 1;
+        }
+        seen
+    };
+    // T = 0: the cheaper worker 0 always.
+    assert_eq!(pick_counts(0.0), [2000, 0]);
+    // T = 1: normalised costs 0 and 1, p(w1) = e⁻¹ / (1 + e⁻¹) ≈ 0.27 → ~540 of 2000.
+    let seen = pick_counts(1.0);
+    assert!(seen[1] > 300 && seen[0] > seen[1], "{seen:?}");
+}
+
+#[test]
+fn unhealthy_workers_are_never_chosen() {
+    for policy in [PolicyKind::Kv, PolicyKind::RoundRobin, PolicyKind::LeastLoaded] {
+        let r = router(policy, 3);
+        let b = blocks(6, 10);
+        r.record(0, &b); // the best cache is on an unhealthy worker
+        for _ in 0..100 {
+            let d = select(&r, &req(&b), &[false, true, false]).expect("worker 1 is healthy");
+            assert_eq!(d.worker(), 1, "{policy:?}");
+            assert!(d.costs[0].is_nan() && d.costs[2].is_nan() && !d.costs[1].is_nan(), "{policy:?}");
+        }
+        assert!(select(&r, &req(&b), &[false, false, false]).is_none(), "{policy:?}");
+        // A short health mask counts the missing workers as unhealthy.
+        assert_eq!(select(&r, &req(&b), &[false, true]).map(|d| d.worker()), Some(1), "{policy:?}");
+        assert!(select(&r, &req(&b), &[]).is_none(), "{policy:?}");
+    }
+    assert!(select(&router(PolicyKind::Kv, 0), &req(&[]), &[]).is_none());
+}
+
+#[test]
+fn round_robin_cycles_over_healthy_workers() {
+    let r = router(PolicyKind::RoundRobin, 4);
+    let b = blocks(7, 4);
+    let healthy = [true, false, true, true];
+    let order: Vec<usize> = (0..9).map(|_| select(&r, &req(&b), &healthy).expect("healthy").worker()).collect();
+    assert_eq!(order, vec![0, 2, 3, 0, 2, 3, 0, 2, 3]);
+    // Worker 1 comes back: it gets its turn right after the last choice (3 → 0 → 1).
+    let order: Vec<usize> = (0..4).map(|_| select(&r, &req(&b), &[true; 4]).expect("healthy").worker()).collect();
+    assert_eq!(order, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn every_policy_reports_the_index_overlap() {
+    for policy in [PolicyKind::RoundRobin, PolicyKind::LeastLoaded] {
+        let r = router(policy, 2);
+        let b = blocks(8, 10);
+        r.record(1, &b[..7]);
+        let d = select(&r, &req(&b), &[true, true]).expect("healthy");
+        assert_eq!(d.overlap_blocks, vec![0, 7], "{policy:?}");
+    }
+}
+
+#[test]
+fn least_loaded_picks_fewest_requests_then_fewest_tokens() {
+    let r = router(PolicyKind::LeastLoaded, 3);
+    let b = blocks(9, 4);
+    let all = [true, true, true];
+    let _a = r.begin(0, prefill(10));
+    let _b = r.begin(0, prefill(10));
+    let c = r.begin(1, prefill(500));
+    let _d = r.begin(2, prefill(100));
+    // w0: 2 requests; w1 and w2: 1 request each, w2 has fewer tokens.
+    let d = select(&r, &req(&b), &all).expect("healthy");
+    assert_eq!(d.worker(), 2);
+    assert_eq!(d.costs, vec![2.0, 1.0, 1.0]);
+    assert_eq!(d.policy, "least_loaded");
+    drop(c);
+    assert_eq!(select(&r, &req(&b), &all).map(|d| d.worker()), Some(1));
+}
+
+#[test]
+fn least_loaded_breaks_full_ties_at_random() {
+    let r = router(PolicyKind::LeastLoaded, 2);
+    let b = blocks(10, 4);
+    let mut seen = [0u32; 2];
+    for _ in 0..1000 {
+        seen[select(&r, &req(&b), &[true, true]).expect("healthy").worker()] += 1;
+    }
+    assert!(seen[0] > 200 && seen[1] > 200, "{seen:?}");
+}
+
+#[test]
+fn a_repeated_prompt_follows_its_cache() {
+    let r = router(PolicyKind::Kv, 4);
+    let b = blocks(11, 30);
+    let healthy = [true; 4];
+    let first = select(&r, &req(&b), &healthy).expect("healthy");
+    assert_eq!(first.overlap_blocks, vec![0; 4]);
+    {
+        let mut guard = r.begin(first.worker(), prefill(480));
+        r.record(first.worker(), &b);
+        guard.first_byte();
+    }
+    for _ in 0..20 {
+        let d = select(&r, &req(&b), &healthy).expect("healthy");
+        assert_eq!(d.worker(), first.worker());
+        assert_eq!(d.overlap_tokens(d.worker(), BS), 480);
+    }
+    assert_eq!(r.index_blocks(), 30);
+    assert!(r.mark_down(first.worker()));
+    assert_eq!(r.index_blocks(), 0);
+}
+
+#[test]
+fn loads_snapshot_names_workers_and_returns_to_zero() {
+    let r = router(PolicyKind::Kv, 2);
+    let mut g = r.begin(1, Load { prefill_tokens: 50, decode_tokens: 8, image_tokens: 20 });
+    let loads = r.loads();
+    assert_eq!(loads[1].worker, "w1");
+    assert_eq!(
+        (loads[1].inflight.requests, loads[1].inflight.prefill_tokens, loads[1].inflight.image_tokens),
+        (1, 50, 20)
+    );
+    g.first_byte();
+    assert_eq!(r.loads()[1].inflight.prefill_tokens, 0);
+    drop(g);
+    assert!(r.loads().iter().all(|l| l.inflight == Default::default()));
+}
+
+#[test]
+fn decision_serialises_unhealthy_costs_as_null() {
+    let r = router(PolicyKind::Kv, 2);
+    let b = blocks(12, 2);
+    let d = select(&r, &req(&b), &[true, false]).expect("healthy");
+    let v = serde_json::to_value(&d).expect("serialisable");
+    assert_eq!(v["candidates"], serde_json::json!([0]));
+    assert_eq!(v["costs"], serde_json::json!([32.0, null]));
+    assert_eq!(v["overlap_blocks"], serde_json::json!([0, 0]));
+    assert_eq!(v["policy"], "kv");
+}
+
+#[test]
+fn config_parses_snake_case_policies_and_rejects_unknown_keys() {
+    #[derive(serde::Deserialize)]
+    struct Wrap {
+        routing: RoutingConfig,
+    }
+    let parse = |s: &str| serde_json::from_str::<Wrap>(s).map(|w| w.routing);
+    let c = parse(r#"{"routing": {"policy": "least_loaded", "temperature": 0.5}}"#).expect("valid");
+    assert_eq!(c.policy, PolicyKind::LeastLoaded);
+    assert_eq!((c.temperature, c.prefill_weight), (0.5, 1.0));
+    assert_eq!(parse(r#"{"routing": {"policy": "round_robin"}}"#).expect("valid").policy, PolicyKind::RoundRobin);
+    assert!(parse(r#"{"routing": {"policy": "random"}}"#).is_err());
+    assert!(parse(r#"{"routing": {"temprature": 1}}"#).is_err());
+}

@@ -1,0 +1,141 @@
+//! The simulator's own `/metrics`: vLLM's metric names and label (`model_name`, plus `engine="0"` as
+//! vLLM ≥ 0.11 adds) in Prometheus text format, written by hand because these are vLLM's names, not
+//! mmrouter's (the router's own metric names live in its `observe` module and must not carry them).
+//!
+//! The names are declared here once; they would move to a shared place if the router ever scrapes
+//! workers.
+
+use std::fmt::Write as _;
+
+/// Gauge: requests generating.
+pub const VLLM_NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+/// Gauge: requests queued behind `--max-running`.
+pub const VLLM_NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+/// Gauge 0..1: KV blocks pinned by running requests / capacity.
+pub const VLLM_KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
+/// Counter (tokens): prompt tokens looked up in the prefix cache.
+pub const VLLM_PREFIX_CACHE_QUERIES_TOTAL: &str = "vllm:prefix_cache_queries_total";
+/// Counter (tokens): prompt tokens found in the prefix cache.
+pub const VLLM_PREFIX_CACHE_HITS_TOTAL: &str = "vllm:prefix_cache_hits_total";
+/// Counter: prompt tokens processed.
+pub const VLLM_PROMPT_TOKENS_TOTAL: &str = "vllm:prompt_tokens_total";
+/// Counter: output tokens produced.
+pub const VLLM_GENERATION_TOKENS_TOTAL: &str = "vllm:generation_tokens_total";
+/// Info gauge (value 1): cache configuration as labels, like vLLM's.
+pub const VLLM_CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// Counter: requests whose client went away before the answer ended (simulator only).
+pub const SIM_REQUESTS_CANCELLED_TOTAL: &str = "sim_requests_cancelled_total";
+
+/// Everything `/metrics` shows, read once per scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Snapshot {
+    pub model: String,
+    pub block_size: usize,
+    pub kv_blocks: usize,
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_usage: f64,
+    pub queries: u64,
+    pub hits: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub cancelled: u64,
+}
+
+/// Renders the snapshot in Prometheus text format 0.0.4.
+pub(crate) fn render(s: &Snapshot) -> String {
+    let labels = format!("model_name=\"{}\",engine=\"0\"", escape(&s.model));
+    let mut out = String::with_capacity(2048);
+    let mut metric = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}\n");
+    };
+    metric(
+        VLLM_NUM_REQUESTS_RUNNING,
+        "gauge",
+        "Number of requests in model execution batches.",
+        &labels,
+        s.running.to_string(),
+    );
+    metric(
+        VLLM_NUM_REQUESTS_WAITING,
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &labels,
+        s.waiting.to_string(),
+    );
+    metric(VLLM_KV_CACHE_USAGE_PERC, "gauge", "KV-cache usage. 1 means 100 percent usage.", &labels, float(s.kv_usage));
+    metric(
+        VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &labels,
+        s.queries.to_string(),
+    );
+    metric(
+        VLLM_PREFIX_CACHE_HITS_TOTAL,
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &labels,
+        s.hits.to_string(),
+    );
+    metric(
+        VLLM_PROMPT_TOKENS_TOTAL,
+        "counter",
+        "Number of prefill tokens processed.",
+        &labels,
+        s.prompt_tokens.to_string(),
+    );
+    metric(
+        VLLM_GENERATION_TOKENS_TOTAL,
+        "counter",
+        "Number of generation tokens processed.",
+        &labels,
+        s.generation_tokens.to_string(),
+    );
+    let info = format!(
+        "{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\"",
+        s.block_size, s.kv_blocks
+    );
+    metric(VLLM_CACHE_CONFIG_INFO, "gauge", "Information of the KV cache configuration.", &info, "1".to_owned());
+    metric(
+        SIM_REQUESTS_CANCELLED_TOTAL,
+        "counter",
+        "Requests whose client disconnected before the answer ended.",
+        &labels,
+        s.cancelled.to_string(),
+    );
+    out
+}
+
+fn float(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "NaN".to_owned()
+    }
+}
+
+/// Label-value escaping of the text format: backslash, double quote, newline.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_follows_help_and_type_and_escapes_labels() {
+        let text = render(&Snapshot { model: "a\"b\\c".into(), kv_usage: 0.25, hits: 32, ..Default::default() });
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len() % 3, 0);
+        for chunk in lines.chunks(3) {
+            let name = chunk[0].strip_prefix("# HELP ").and_then(|r| r.split(' ').next()).expect("help");
+            assert!(chunk[1].starts_with(&format!("# TYPE {name} ")), "{chunk:?}");
+            assert!(chunk[2].starts_with(&format!("{name}{{")), "{chunk:?}");
+        }
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"a\\\"b\\\\c\",engine=\"0\"} 0.25\n"), "{text}");
+        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"a\\\"b\\\\c\",engine=\"0\"} 32\n"));
+    }
+}

@@ -1,0 +1,397 @@
+//! `mmrouter sim`: a stand-in vLLM worker, good enough to measure routing without a GPU.
+//!
+//! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
+//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's ([`cache`]), reports
+//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model ([`timing`]), exposes
+//! vLLM-named `/metrics` ([`exposition`]) and injects faults on request (error rate, added delay,
+//! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
+//! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged.
+//!
+//! The server knows no chat template or tokenizer: a [`Prompter`] turns a request into a token count
+//! and chained block keys. [`ExactPrompter`] is the real one: the router's own core pipeline
+//! (template + tokenizer + image expansion + block hashing) as ground truth, so figures measured
+//! against sims are self-consistent with the router, not independent of it. [`WordPrompter`] is the
+//! crude fallback some tests use.
+//!
+//! A dev tool: it depends on `mmrouter-core`, never the other way round.
+
+mod cache;
+mod exact;
+pub mod exposition;
+mod prompter;
+mod server;
+pub mod timing;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+pub use exact::{run_exact, spawn_exact, ExactPrompter};
+pub use prompter::WordPrompter;
+pub use timing::ttft;
+
+/// What a [`Prompter`] tells the simulator about one request's prompt.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimPrompt {
+    /// Tokens the model would see (images expanded).
+    pub prompt_tokens: u32,
+    /// Chained keys of the prompt's full blocks, in order (a key encodes its whole prefix).
+    pub block_keys: Vec<u64>,
+}
+
+/// Turns a request into the prompt the simulated model sees.
+pub trait Prompter: Send + Sync + 'static {
+    /// `path` is "/v1/chat/completions" or "/v1/completions"; `raw` are the exact body bytes of which
+    /// `body` is the parse. An `Err` is answered 400 with the message.
+    fn prompt(&self, path: &str, body: &serde_json::Value, raw: &[u8], block_size: usize) -> Result<SimPrompt, String>;
+}
+
+/// Default served model name.
+pub const DEFAULT_MODEL: &str = "Qwen/Qwen3-VL-8B-Instruct";
+const DEFAULT_HOST: &str = "127.0.0.1";
+const DEFAULT_NAME: &str = "sim-0";
+const DEFAULT_BLOCK_SIZE: usize = 16;
+const DEFAULT_KV_BLOCKS: usize = 4096;
+const DEFAULT_MAX_RUNNING: usize = 256;
+const DEFAULT_TTFT_BASE_MS: u64 = 5;
+const DEFAULT_PREFILL_US_PER_TOKEN: u64 = 20;
+const DEFAULT_DECODE_MS_PER_TOKEN: u64 = 2;
+const DEFAULT_OUTPUT_TOKENS: u32 = 16;
+const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
+const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Options of one simulated worker (`mmrouter sim …`). [`Default`] equals the CLI defaults.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct SimOptions {
+    /// Port to listen on (0 = ephemeral).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = DEFAULT_HOST)]
+    pub host: String,
+    /// Worker name, sent back in `x-sim-worker`.
+    #[arg(long, default_value = DEFAULT_NAME)]
+    pub name: String,
+    /// Served model name (`/v1/models`, metrics label).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// KV block size in tokens.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    pub block_size: usize,
+    /// KV cache capacity in blocks (0 disables prefix caching).
+    #[arg(long, default_value_t = DEFAULT_KV_BLOCKS)]
+    pub kv_blocks: usize,
+    /// Requests generating at once; more wait (`vllm:num_requests_waiting`).
+    #[arg(long, default_value_t = DEFAULT_MAX_RUNNING)]
+    pub max_running: usize,
+    /// Fixed part of the time to first token, in milliseconds.
+    #[arg(long, default_value_t = DEFAULT_TTFT_BASE_MS)]
+    pub ttft_base_ms: u64,
+    /// Prefill cost per uncached prompt token, in microseconds.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_US_PER_TOKEN)]
+    pub prefill_us_per_token: u64,
+    /// Delay between output tokens, in milliseconds.
+    #[arg(long, default_value_t = DEFAULT_DECODE_MS_PER_TOKEN)]
+    pub decode_ms_per_token: u64,
+    /// Concurrent prefills share one compute budget, as on a GPU: a prompt's prefill starts after the
+    /// uncached tokens admitted before it (`false`: every prefill runs as if alone).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefill_contention: bool,
+    /// Output tokens when the request sets no `max_tokens` (finish_reason "stop").
+    #[arg(long, default_value_t = DEFAULT_OUTPUT_TOKENS)]
+    pub default_output_tokens: u32,
+    /// Cap on output tokens per request.
+    #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_TOKENS)]
+    pub max_output_tokens: u32,
+    /// Fault: fraction (0..1) of completion requests answered 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Fault: milliseconds added before the first byte of every completion response.
+    #[arg(long, default_value_t = 0)]
+    pub extra_delay_ms: u64,
+    /// Fault: fraction (0..1) of streams cut after half their tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub drop_mid_stream_rate: f64,
+    /// Fault: added to the reported `usage.prompt_tokens` (may be negative).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub usage_drift: i64,
+    /// Seed of the fault dice.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Bundled profile name or HF model directory of the exact prompter (default: qwen3-vl).
+    #[arg(long)]
+    pub model_dir: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Address ranges the simulator may fetch image URLs from (repeatable). Loopback only by default,
+    /// so nothing a test forwards to a sim can make it contact another machine.
+    #[arg(long = "fetch-allow-cidr", default_values_t = default_fetch_cidrs())]
+    pub fetch_allow_cidrs: Vec<String>,
+}
+
+/// The simulator fetches image URLs from loopback only unless told otherwise.
+pub fn default_fetch_cidrs() -> Vec<String> {
+    vec!["127.0.0.0/8".to_owned(), "::1/128".to_owned()]
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            port: 0,
+            host: DEFAULT_HOST.to_owned(),
+            name: DEFAULT_NAME.to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
+            block_size: DEFAULT_BLOCK_SIZE,
+            kv_blocks: DEFAULT_KV_BLOCKS,
+            max_running: DEFAULT_MAX_RUNNING,
+            ttft_base_ms: DEFAULT_TTFT_BASE_MS,
+            prefill_us_per_token: DEFAULT_PREFILL_US_PER_TOKEN,
+            decode_ms_per_token: DEFAULT_DECODE_MS_PER_TOKEN,
+            prefill_contention: true,
+            default_output_tokens: DEFAULT_OUTPUT_TOKENS,
+            max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+            error_rate: 0.0,
+            extra_delay_ms: 0,
+            drop_mid_stream_rate: 0.0,
+            usage_drift: 0,
+            seed: 0,
+            model_dir: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            fetch_allow_cidrs: default_fetch_cidrs(),
+        }
+    }
+}
+
+impl SimOptions {
+    /// Rejects options the simulator cannot honour, naming the flag.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let invalid = |flag: &'static str, reason: &str| SimError::InvalidOption { flag, reason: reason.to_owned() };
+        if self.block_size == 0 {
+            return Err(invalid("block-size", "must be at least 1"));
+        }
+        if self.max_running == 0 {
+            return Err(invalid("max-running", "must be at least 1"));
+        }
+        if self.max_output_tokens == 0 {
+            return Err(invalid("max-output-tokens", "must be at least 1"));
+        }
+        if self.default_output_tokens == 0 {
+            return Err(invalid("default-output-tokens", "must be at least 1"));
+        }
+        for (flag, rate) in [("error-rate", self.error_rate), ("drop-mid-stream-rate", self.drop_mid_stream_rate)] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(invalid(flag, "must be a fraction between 0 and 1"));
+            }
+        }
+        if axum::http::HeaderValue::from_str(&self.name).is_err() {
+            return Err(invalid("name", "must be usable as an HTTP header value"));
+        }
+        Ok(())
+    }
+}
+
+/// Why the simulator refused or broke off a request (or refused its options).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("invalid request field `{field}`: {reason}")]
+    InvalidField { field: &'static str, reason: String },
+    #[error("could not build the prompt: {0}")]
+    Prompt(String),
+    #[error("request body exceeds the limit of {limit} bytes (--max-body-bytes)")]
+    BodyTooLarge { limit: usize },
+    #[error("request body could not be read: {0}")]
+    BodyRead(String),
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("simulated worker failure (--error-rate)")]
+    InjectedError,
+    #[error("simulated connection drop mid-stream (--drop-mid-stream-rate)")]
+    StreamDropped,
+    #[error("the simulated worker is shutting down")]
+    ShuttingDown,
+    #[error("invalid option --{flag}: {reason}")]
+    InvalidOption { flag: &'static str, reason: String },
+}
+
+impl SimError {
+    /// Stable snake_case label (also the `code` of the OpenAI error body).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidJson(_) => "invalid_json",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::Prompt(_) => "prompt_failed",
+            Self::BodyTooLarge { .. } => "too_large",
+            Self::BodyRead(_) => "body_read_failed",
+            Self::NotFound { .. } => "not_found",
+            Self::InjectedError => "injected_error",
+            Self::StreamDropped => "stream_dropped",
+            Self::ShuttingDown => "shutting_down",
+            Self::InvalidOption { .. } => "invalid_option",
+        }
+    }
+}
+
+/// Counters of one simulated worker since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Completion requests received (any outcome).
+    pub requests: u64,
+    /// Prompt tokens of requests admitted to the cache (vLLM's prefix-cache queries).
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
+    /// Output tokens produced.
+    pub generation_tokens: u64,
+    /// Completion requests accepted and not yet finished (waiting or running).
+    pub in_flight: u64,
+    /// Requests whose client went away before the answer ended.
+    pub cancelled: u64,
+    /// Requests answered 500 by `--error-rate`.
+    pub errors_injected: u64,
+    /// Streams cut by `--drop-mid-stream-rate`.
+    pub streams_dropped: u64,
+}
+
+/// A running simulated worker. Dropping it or calling [`SimHandle::shutdown`] stops it: new
+/// connections are refused at once, in-flight answers get a short grace period, then are cut.
+pub struct SimHandle {
+    /// The bound address (the real port when `--port 0`).
+    pub addr: SocketAddr,
+    state: Arc<server::AppState>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// In-flight answers may finish within this time after a shutdown request…
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// …then they are cut, and the server task is aborted if still alive after this.
+const SHUTDOWN_CUT: Duration = Duration::from_secs(1);
+
+impl SimHandle {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The worker's name (`--name`).
+    pub fn name(&self) -> &str {
+        &self.state.opts.name
+    }
+
+    /// A snapshot of the worker's counters.
+    pub fn stats(&self) -> SimStats {
+        self.state.stats()
+    }
+
+    /// Stops the server and waits (bounded) until it is gone.
+    pub async fn shutdown(mut self) {
+        if let Some(task) = self.task.take() {
+            stop(self.state.clone(), task).await;
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(stop(self.state.clone(), task));
+            }
+            Err(_) => {
+                self.state.begin_stop();
+                self.state.cut_streams();
+                task.abort();
+            }
+        }
+    }
+}
+
+async fn stop(state: Arc<server::AppState>, mut task: tokio::task::JoinHandle<()>) {
+    state.begin_stop();
+    if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_ok() {
+        return;
+    }
+    state.cut_streams();
+    if tokio::time::timeout(SHUTDOWN_CUT, &mut task).await.is_err() {
+        task.abort();
+    }
+}
+
+/// Binds `opts.host:opts.port` and serves in a background task.
+pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Result<SimHandle> {
+    opts.validate()?;
+    let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
+        .await
+        .with_context(|| format!("sim: cannot bind {}:{}", opts.host, opts.port))?;
+    let addr = listener.local_addr().context("sim: no local address")?;
+    let state = Arc::new(server::AppState::new(opts, prompter));
+    let app = server::router(state.clone());
+    let stopping = state.stopping();
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(stopping);
+        if let Err(e) = serve.await {
+            tracing::warn!(error = %e, "sim server ended with an error");
+        }
+    });
+    tracing::info!(name = %state.opts.name, %addr, "simulated worker listening");
+    Ok(SimHandle { addr, state, task: Some(task) })
+}
+
+/// `mmrouter sim`: serves until `shutdown` resolves (e.g. Ctrl-C), then stops gracefully.
+pub async fn run(
+    opts: SimOptions,
+    prompter: Arc<dyn Prompter>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let handle = spawn(opts, prompter).await?;
+    println!("mmrouter sim `{}` listening on {}", handle.name(), handle.url());
+    shutdown.await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimOptions,
+    }
+
+    #[test]
+    fn default_equals_cli_defaults() {
+        let parsed = Cli::try_parse_from(["sim"]).expect("defaults parse");
+        assert_eq!(parsed.sim, SimOptions::default());
+    }
+
+    #[test]
+    fn cli_accepts_negative_drift_and_rates() {
+        let parsed = Cli::try_parse_from(["sim", "--usage-drift", "-3", "--error-rate", "0.5", "--kv-blocks", "8"])
+            .expect("parse");
+        assert_eq!(parsed.sim.usage_drift, -3);
+        assert_eq!(parsed.sim.error_rate, 0.5);
+        assert_eq!(parsed.sim.kv_blocks, 8);
+    }
+
+    #[test]
+    fn validate_names_the_flag() {
+        let opts = SimOptions { error_rate: 1.5, ..SimOptions::default() };
+        let err = opts.validate().expect_err("rate above 1");
+        assert_eq!(err.label(), "invalid_option");
+        assert!(err.to_string().contains("--error-rate"), "{err}");
+        let opts = SimOptions { block_size: 0, ..SimOptions::default() };
+        assert!(opts.validate().expect_err("zero block").to_string().contains("--block-size"));
+        let opts = SimOptions { name: "bad\nname".into(), ..SimOptions::default() };
+        assert!(opts.validate().expect_err("bad name").to_string().contains("--name"));
+        assert!(SimOptions::default().validate().is_ok());
+    }
+}

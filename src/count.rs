@@ -1,0 +1,167 @@
+//! `mmrouter count`: image-token counts for `WxH` sizes and image files, as a table or as the JSON
+//! contract (one array, one object per input, sizes first, then files, in input order).
+//!
+//! The rows are computed by [`count_rows`] and rendered separately, so tests see the exact rows.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use mmrouter_core::accounting::{Counter, Family};
+use mmrouter_core::model::ModelSource;
+use serde::Serialize;
+use serde_json::Map;
+
+/// Reason label when a `--size` argument is not `WxH`.
+pub const INVALID_SIZE: &str = "invalid_size";
+/// Reason label when an image file's header cannot be read.
+pub const PROBE_FAILED: &str = "probe_failed";
+
+/// One input's result (the `--json` contract).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CountRow {
+    pub source: String,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    pub feature_tokens: Option<u32>,
+    pub expansion_tokens: Option<u32>,
+    /// Reason label on failure (both token fields are then null).
+    pub error: Option<String>,
+}
+
+/// Runs the subcommand for a bundled profile name or an HF model directory: prints the rows and
+/// returns the exit code (0 when every input was counted, 1 when any input failed). A model whose
+/// counter cannot be built is an `Err`.
+pub fn run_count(
+    model_dir: &str,
+    family: Option<&str>,
+    sizes: &[String],
+    files: &[PathBuf],
+    json: bool,
+) -> anyhow::Result<i32> {
+    let family = family
+        .map(|f| f.parse::<Family>().map_err(|_| anyhow::anyhow!("--family: unknown family '{f}'")))
+        .transpose()?;
+    let source = ModelSource::parse(model_dir).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
+    let counter = source
+        .load_counter(family, &Map::new())
+        .with_context(|| format!("loading the image-token counter for --model-dir {model_dir}"))?;
+    let rows = count_rows(&counter, sizes, files);
+    let out = if json { render_json(&rows)? } else { render_table(&counter, &rows) };
+    print!("{out}");
+    Ok(if rows.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
+}
+
+/// Counts every input: sizes first, then files, in order.
+pub fn count_rows(counter: &Counter, sizes: &[String], files: &[PathBuf]) -> Vec<CountRow> {
+    let size_rows = sizes.iter().map(|s| row(counter, s.clone(), parse_size(s).map_err(|_| INVALID_SIZE)));
+    let file_rows =
+        files.iter().map(|f| row(counter, f.display().to_string(), probe_file(f).map_err(|_| PROBE_FAILED)));
+    size_rows.chain(file_rows).collect()
+}
+
+fn row(counter: &Counter, source: String, size: Result<(u32, u32), &'static str>) -> CountRow {
+    let failed = |width, height, error: &str| CountRow {
+        source: source.clone(),
+        width,
+        height,
+        feature_tokens: None,
+        expansion_tokens: None,
+        error: Some(error.to_string()),
+    };
+    let (w, h) = match size {
+        Ok(wh) => wh,
+        Err(label) => return failed(None, None, label),
+    };
+    match counter.count(w, h) {
+        Ok(t) => CountRow {
+            source,
+            width: Some(w),
+            height: Some(h),
+            feature_tokens: Some(t.feature_tokens),
+            expansion_tokens: t.expansion_tokens,
+            error: None,
+        },
+        Err(e) => failed(Some(w), Some(h), e.label()),
+    }
+}
+
+/// `"640x480"` (or `X`) → `(640, 480)`.
+pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s.trim().split_once(['x', 'X']).ok_or_else(|| format!("{s:?} is not WIDTHxHEIGHT"))?;
+    let side = |v: &str| v.trim().parse::<u32>().map_err(|e| format!("{s:?}: {e}"));
+    Ok((side(w)?, side(h)?))
+}
+
+/// Stored pixel size from the file header (no EXIF rotation, as vLLM).
+pub fn probe_file(path: &Path) -> Result<(u32, u32), String> {
+    let size = imagesize::size(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let w = u32::try_from(size.width).map_err(|_| format!("{}: width too large", path.display()))?;
+    let h = u32::try_from(size.height).map_err(|_| format!("{}: height too large", path.display()))?;
+    Ok((w, h))
+}
+
+/// The `--json` output: one array, followed by a newline.
+pub fn render_json(rows: &[CountRow]) -> anyhow::Result<String> {
+    let mut out = serde_json::to_string_pretty(rows).context("serializing count rows")?;
+    out.push('\n');
+    Ok(out)
+}
+
+/// A readable table for people.
+pub fn render_table(counter: &Counter, rows: &[CountRow]) -> String {
+    let cell = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+    let body: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.source.clone(),
+                cell(r.width),
+                cell(r.height),
+                cell(r.feature_tokens),
+                cell(r.expansion_tokens),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let header = ["source", "width", "height", "feature", "expansion", "error"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for line in &body {
+        for (w, c) in widths.iter_mut().zip(line) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = format!("family: {}\n", counter.family().label());
+    for line in std::iter::once(&header).chain(&body) {
+        let mut text = String::new();
+        for (i, (c, w)) in line.iter().zip(widths).enumerate() {
+            // Text columns left-aligned, numbers right-aligned.
+            let _ = match i {
+                0 | 5 => write!(text, "{c:<w$}  "),
+                _ => write!(text, "{c:>w$}  "),
+            };
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_strictly() {
+        assert_eq!(parse_size("640x480"), Ok((640, 480)));
+        assert_eq!(parse_size(" 1X2 "), Ok((1, 2)));
+        assert!(parse_size("640*480").is_err());
+        assert!(parse_size("-1x5").is_err());
+        assert!(parse_size("x5").is_err());
+    }
+
+    #[test]
+    fn missing_files_fail_to_probe() {
+        assert!(probe_file(Path::new("/nonexistent/mmrouter.png")).is_err());
+    }
+}

@@ -1,0 +1,42 @@
+//! Active health checks: every worker's `/health` polled on an interval. A worker that fails is
+//! taken out of rotation through the router (which forgets its cached blocks); one that answers again
+//! is put back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::state::AppState;
+
+/// Polls every worker's `/health` each `interval` (`None`: no active checks).
+pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
+    let Some(every) = interval else { return };
+    let client = match mmrouter_core::http_client_builder().timeout(every.max(Duration::from_millis(500))).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("health checks disabled: {e}");
+            return;
+        }
+    };
+    // Holding only a weak reference lets an embedded proxy (tests, demo) be dropped cleanly.
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(st) = weak.upgrade() else { return };
+            let checks = st.router.workers().iter().map(|w| {
+                let url = format!("{}/health", w.url().trim_end_matches('/'));
+                let client = client.clone();
+                async move { matches!(client.get(url).send().await, Ok(r) if r.status().is_success()) }
+            });
+            let results = futures_util::future::join_all(checks).await;
+            for (i, ok) in results.into_iter().enumerate() {
+                let changed = if ok { st.router.mark_up(i) } else { st.router.mark_down(i) };
+                if changed {
+                    tracing::warn!(worker = %st.router.worker(i).name(), healthy = ok, "worker health changed");
+                }
+            }
+        }
+    });
+}

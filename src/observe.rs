@@ -1,0 +1,316 @@
+//! Stage **observe**: every metric name mmrouter exports (a dashboard contract: see the design's
+//! table), and the [`Observer`] that turns what the pipeline reports — plans, stage timings, probe
+//! timings, upstream outcomes, worker load — into Prometheus samples.
+//!
+//! Each proxy owns its own recorder (no process-global one): embedded proxies in tests and the demo
+//! never see each other's samples, and the core crates record nothing themselves. Labelled handles
+//! are registered once and cached, so the hot path does not build metric keys per request. Worker
+//! gauges and the index size are read from the router's state when `/metrics` is scraped.
+
+/// Counter `{route, status}`: every proxied request.
+pub const REQUESTS_TOTAL: &str = "mmrouter_requests_total";
+/// Counter `{reason}`: a request with media fell back to text-prefix routing.
+pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
+/// Histogram: image tokens of an exact-routed request.
+pub const IMAGE_TOKENS_PER_REQUEST: &str = "mmrouter_image_tokens_per_request";
+/// Histogram: images of an exact-routed request.
+pub const IMAGES_PER_REQUEST: &str = "mmrouter_images_per_request";
+/// Gauge `{worker}`: image tokens in flight (exact route only).
+pub const WORKER_INFLIGHT_IMAGE_TOKENS: &str = "mmrouter_worker_inflight_image_tokens";
+/// Gauge `{worker}`: requests in flight.
+pub const WORKER_INFLIGHT_REQUESTS: &str = "mmrouter_worker_inflight_requests";
+/// Gauge `{worker}`: prompt tokens dispatched and not yet answered with a first byte.
+pub const WORKER_INFLIGHT_PREFILL_TOKENS: &str = "mmrouter_worker_inflight_prefill_tokens";
+/// Histogram `{route}`: prompt tokens the chosen worker already held (predicted).
+pub const KV_OVERLAP_TOKENS: &str = "mmrouter_kv_overlap_tokens";
+/// Histogram `{stage}`: seconds spent per pipeline stage.
+pub const STAGE_DURATION_SECONDS: &str = "mmrouter_stage_duration_seconds";
+/// Histogram `{source}`: seconds to fetch/decode and probe one image.
+pub const IMAGE_PROBE_DURATION_SECONDS: &str = "mmrouter_image_probe_duration_seconds";
+/// Histogram: actual (worker usage) minus predicted prompt tokens.
+pub const PROMPT_TOKENS_DRIFT: &str = "mmrouter_prompt_tokens_drift";
+/// Gauge: block keys held by the routing index.
+pub const INDEX_BLOCKS: &str = "mmrouter_index_blocks";
+/// Counter `{worker, status}`: every upstream attempt.
+pub const UPSTREAM_REQUESTS_TOTAL: &str = "mmrouter_upstream_requests_total";
+
+/// `stage` label values of [`STAGE_DURATION_SECONDS`], in pipeline order.
+pub mod stage {
+    pub const INTAKE: &str = "intake";
+    pub const ACCOUNT: &str = "account";
+    pub const PLAN: &str = "plan";
+    pub const SELECT: &str = "select";
+    pub const FORWARD_TTFB: &str = "forward_ttfb";
+}
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
+use mmrouter_core::routing::Router;
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// Handles registered on first use, by label values.
+struct Cache<K, H>(Mutex<HashMap<K, H>>);
+
+impl<K: Eq + Hash, H: Clone> Cache<K, H> {
+    fn new() -> Self {
+        Cache(Mutex::new(HashMap::new()))
+    }
+
+    fn get(&self, key: K, make: impl FnOnce(&K) -> H) -> H {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(key).or_insert_with_key(make).clone()
+    }
+}
+
+/// One proxy's metrics: its recorder, and the handles the request path records into.
+pub struct Observer {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    requests: Cache<(&'static str, u16), Counter>,
+    rejected: Cache<u16, Counter>,
+    fallback: Cache<&'static str, Counter>,
+    upstream: Cache<(String, String), Counter>,
+    overlap: Cache<&'static str, Histogram>,
+    stages: Cache<&'static str, Histogram>,
+    probes: Cache<&'static str, Histogram>,
+    worker_gauges: Cache<(&'static str, String), Gauge>,
+    image_tokens: Histogram,
+    images: Histogram,
+    drift: Histogram,
+    index_blocks: Gauge,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Observer {
+    pub fn new() -> Observer {
+        let recorder = builder().build_recorder();
+        describe(&recorder);
+        let plain = |name: &'static str| Key::from_static_name(name);
+        Observer {
+            handle: recorder.handle(),
+            image_tokens: recorder.register_histogram(&plain(IMAGE_TOKENS_PER_REQUEST), &METADATA),
+            images: recorder.register_histogram(&plain(IMAGES_PER_REQUEST), &METADATA),
+            drift: recorder.register_histogram(&plain(PROMPT_TOKENS_DRIFT), &METADATA),
+            index_blocks: recorder.register_gauge(&plain(INDEX_BLOCKS), &METADATA),
+            recorder,
+            requests: Cache::new(),
+            rejected: Cache::new(),
+            fallback: Cache::new(),
+            upstream: Cache::new(),
+            overlap: Cache::new(),
+            stages: Cache::new(),
+            probes: Cache::new(),
+            worker_gauges: Cache::new(),
+        }
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+        let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, v.to_string())).collect();
+        Key::from_parts(name, labels)
+    }
+
+    fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+        self.recorder.register_counter(&Self::key(name, labels), &METADATA)
+    }
+
+    fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+        self.recorder.register_histogram(&Self::key(name, labels), &METADATA)
+    }
+
+    /// One stage's duration.
+    pub fn stage(&self, name: &'static str, d: Duration) {
+        let h = self.stages.get(name, |s| self.histogram(STAGE_DURATION_SECONDS, &[("stage", s)]));
+        h.record(d.as_secs_f64());
+    }
+
+    /// What planning took: stage timings, and one probe sample per image read.
+    pub fn planned(&self, p: &Planned) {
+        if let Some(d) = p.timings.intake {
+            self.stage(stage::INTAKE, d);
+        }
+        if let Some(d) = p.timings.account {
+            self.stage(stage::ACCOUNT, d);
+        }
+        self.stage(stage::PLAN, p.timings.plan);
+        for probe in &p.probes {
+            let source = probe.source.label();
+            let h = self.probes.get(source, |s| self.histogram(IMAGE_PROBE_DURATION_SECONDS, &[("source", s)]));
+            h.record(probe.elapsed.as_secs_f64());
+        }
+    }
+
+    /// A request left for its worker: counted once, whatever the worker answers. Image samples only
+    /// for an exact plan; a fallback counts its reason and nothing of its images.
+    pub fn dispatched(&self, plan: &RoutePlan, overlap_tokens: u32) {
+        match plan.route {
+            Route::Exact => {
+                self.image_tokens.record(f64::from(plan.exact_image_tokens()));
+                self.images.record(plan.images.len() as f64);
+            }
+            Route::TextPrefix { reason } => {
+                self.fallback.get(reason, |r| self.counter(MM_FALLBACK_TOTAL, &[("reason", r)])).increment(1);
+            }
+            Route::NoMedia | Route::Passthrough => {}
+        }
+        if plan.route != Route::Passthrough {
+            let route = plan.route.label();
+            let h = self.overlap.get(route, |r| self.histogram(KV_OVERLAP_TOKENS, &[("route", r)]));
+            h.record(f64::from(overlap_tokens));
+        }
+    }
+
+    /// One upstream attempt: an HTTP status code, or a failure label (`connect_error`, `timeout`, …).
+    pub fn upstream(&self, worker: &str, status: &str) {
+        let key = (worker.to_owned(), status.to_owned());
+        let c = self.upstream.get(key, |(w, s)| self.counter(UPSTREAM_REQUESTS_TOTAL, &[("worker", w), ("status", s)]));
+        c.increment(1);
+    }
+
+    /// A proxied request ended with `status` under `route`.
+    pub fn finished(&self, route: Route, status: u16) {
+        let label = route.label();
+        let c = self
+            .requests
+            .get((label, status), |(r, s)| self.counter(REQUESTS_TOTAL, &[("route", r), ("status", &s.to_string())]));
+        c.increment(1);
+    }
+
+    /// A request refused before it had a route (bad body, blocked image URL with
+    /// `reject_blocked_urls`, …).
+    pub fn rejected(&self, status: u16) {
+        let c = self
+            .rejected
+            .get(status, |s| self.counter(REQUESTS_TOTAL, &[("route", "rejected"), ("status", &s.to_string())]));
+        c.increment(1);
+    }
+
+    /// The handle the relay records drift into when a response's `usage` arrives.
+    pub fn drift(&self) -> Histogram {
+        self.drift.clone()
+    }
+
+    /// The Prometheus text exposition, with the worker gauges and the index size read from `router`.
+    pub fn render(&self, router: &Router) -> String {
+        self.index_blocks.set(router.index_blocks() as f64);
+        for w in router.workers() {
+            let load = w.inflight();
+            let gauge = |name: &'static str| {
+                self.worker_gauges.get((name, w.name().to_owned()), |(n, w)| {
+                    self.recorder.register_gauge(&Self::key(n, &[("worker", w)]), &METADATA)
+                })
+            };
+            gauge(WORKER_INFLIGHT_REQUESTS).set(load.requests as f64);
+            gauge(WORKER_INFLIGHT_PREFILL_TOKENS).set(load.prefill_tokens as f64);
+            // Only workers that carried exact-routed images show the image gauge.
+            if w.has_carried_images() {
+                gauge(WORKER_INFLIGHT_IMAGE_TOKENS).set(load.image_tokens as f64);
+            }
+        }
+        self.handle.render()
+    }
+}
+
+fn builder() -> PrometheusBuilder {
+    const SECONDS: [f64; 19] = [
+        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        10.0, 30.0, 60.0,
+    ];
+    const TOKENS: [f64; 13] =
+        [16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0];
+    const COUNTS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0];
+    const DRIFT: [f64; 14] =
+        [-1024.0, -256.0, -64.0, -16.0, -4.0, -1.0, -0.5, 0.5, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
+    let layouts: [(&'static str, &'static [f64]); 6] = [
+        (STAGE_DURATION_SECONDS, &SECONDS),
+        (IMAGE_PROBE_DURATION_SECONDS, &SECONDS),
+        (IMAGE_TOKENS_PER_REQUEST, &TOKENS),
+        (KV_OVERLAP_TOKENS, &TOKENS),
+        (IMAGES_PER_REQUEST, &COUNTS),
+        (PROMPT_TOKENS_DRIFT, &DRIFT),
+    ];
+    layouts
+        .into_iter()
+        .try_fold(PrometheusBuilder::new(), |b, (name, buckets)| {
+            b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)
+        })
+        .expect("static bucket lists are non-empty")
+}
+
+fn describe(r: &PrometheusRecorder) {
+    let counter = |n: &'static str, d: &'static str| r.describe_counter(KeyName::from(n), None, SharedString::from(d));
+    let gauge = |n: &'static str, d: &'static str| r.describe_gauge(KeyName::from(n), None, SharedString::from(d));
+    let histogram = |n: &'static str, u: Option<Unit>, d: &'static str| {
+        r.describe_histogram(KeyName::from(n), u, SharedString::from(d))
+    };
+    counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status.");
+    counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
+    histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
+    histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");
+    gauge(WORKER_INFLIGHT_IMAGE_TOKENS, "Image tokens in flight per worker (exact route only).");
+    gauge(WORKER_INFLIGHT_REQUESTS, "Requests in flight per worker.");
+    gauge(WORKER_INFLIGHT_PREFILL_TOKENS, "Uncached prompt tokens dispatched and not yet answered, per worker.");
+    histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
+    histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");
+    histogram(IMAGE_PROBE_DURATION_SECONDS, Some(Unit::Seconds), "Time to read and probe one image.");
+    histogram(PROMPT_TOKENS_DRIFT, None, "Worker-reported minus predicted prompt tokens.");
+    gauge(INDEX_BLOCKS, "Block keys held by the routing index.");
+    counter(UPSTREAM_REQUESTS_TOTAL, "Upstream attempts by worker and status.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mmrouter_core::routing::{Load, RoutingConfig, WorkerSpec};
+
+    fn router() -> Router {
+        let spec = |n: &str| WorkerSpec { name: n.into(), url: "http://127.0.0.1:1".into() };
+        Router::new(RoutingConfig::default(), vec![spec("w0"), spec("w1")]).unwrap()
+    }
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+    }
+
+    #[test]
+    fn two_observers_do_not_share_samples() {
+        let (a, b) = (Observer::new(), Observer::new());
+        a.finished(Route::Exact, 200);
+        a.finished(Route::Exact, 200);
+        let r = router();
+        assert_eq!(sample(&a.render(&r), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), Some(2.0));
+        assert_eq!(sample(&b.render(&r), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
+    }
+
+    #[test]
+    fn worker_gauges_follow_the_load_at_scrape_time() {
+        let (o, r) = (Observer::new(), router());
+        let mut text = r.begin(0, Load { prefill_tokens: 30, decode_tokens: 5, image_tokens: 0 });
+        let page = o.render(&r);
+        assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(1.0));
+        assert_eq!(sample(&page, "mmrouter_worker_inflight_prefill_tokens{worker=\"w0\"}"), Some(30.0));
+        // A text-only (or fallback) request never touches the image gauge.
+        assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"));
+        let img = r.begin(0, Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 });
+        let page = o.render(&r);
+        assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(64.0));
+        text.first_byte();
+        drop(img);
+        drop(text);
+        let page = o.render(&r);
+        assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
+        assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
+        assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));
+    }
+}

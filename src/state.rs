@@ -1,0 +1,40 @@
+//! The state every request shares: the pool (workers, index, policy), the pipeline, the upstream
+//! client and the observer. Built once from [`Settings`].
+
+use std::sync::Arc;
+
+use mmrouter_core::pipeline::Pipeline;
+use mmrouter_core::routing::Router;
+
+use crate::config::Settings;
+use crate::observe::Observer;
+use crate::upstream::Upstream;
+
+/// Everything a request handler needs; shared by all requests.
+pub struct AppState {
+    /// The pool's workers (health, load), the block index and the selection policy.
+    pub router: Router,
+    pub pipeline: Pipeline,
+    pub upstream: Upstream,
+    pub observe: Observer,
+    pub max_body_bytes: usize,
+}
+
+impl AppState {
+    pub fn new(cfg: &Settings) -> anyhow::Result<Arc<AppState>> {
+        Self::with_pipeline(cfg, Pipeline::new(&cfg.pipeline)?)
+    }
+
+    /// State around an already-built pipeline (tests inject counters through it).
+    pub fn with_pipeline(cfg: &Settings, pipeline: Pipeline) -> anyhow::Result<Arc<AppState>> {
+        let router =
+            Router::new(cfg.routing.clone(), cfg.workers.clone()).map_err(|e| anyhow::anyhow!("routing: {e}"))?;
+        Ok(Arc::new(AppState {
+            router,
+            upstream: Upstream::new(&cfg.server)?,
+            pipeline,
+            observe: Observer::new(),
+            max_body_bytes: cfg.server.max_body_bytes,
+        }))
+    }
+}

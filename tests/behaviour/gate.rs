@@ -1,0 +1,344 @@
+//! The all-or-nothing gate and exact multimodal routing, through the real proxy and sims.
+//!
+//! The matrix uses a counter that fails on chosen image sizes (wrapping the real Qwen3-VL counter), so
+//! the gate is exercised independently of any family's formulas.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::harness::*;
+use mmrouter::config::Settings;
+use mmrouter_core::accounting::{AccountingError, Counter, ImageTokens, RequestContext};
+use mmrouter_core::model::{ModelSource, ModelSpec};
+use mmrouter_core::pipeline::{ImageCounter, Pipeline};
+use mmrouter_core::plan;
+use mmrouter_core::request::{Endpoint, Request};
+use mmrouter_core::routing::{SelectRequest, WorkerSpec};
+
+const QWEN3: ModelSource = ModelSource::Bundled("qwen3-vl");
+
+/// The real counter, except that images of a chosen width fail with a chosen error.
+struct FailOn {
+    real: Counter,
+    width: u32,
+    error: fn(u32, u32) -> AccountingError,
+}
+
+impl ImageCounter for FailOn {
+    fn placeholder(&self) -> &str {
+        self.real.placeholder()
+    }
+    fn count_request(
+        &self,
+        sizes: &[(u32, u32)],
+        ctx: &RequestContext,
+        kw: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Vec<ImageTokens>, AccountingError> {
+        if let Some(&(w, h)) = sizes.iter().find(|(w, _)| *w == self.width) {
+            return Err((self.error)(w, h));
+        }
+        self.real.count_request(sizes, ctx, kw)
+    }
+}
+
+fn aspect(width: u32, height: u32) -> AccountingError {
+    AccountingError::AspectRatio { width, height, limit: 200 }
+}
+
+struct Snapshot {
+    fallback: f64,
+    img_tok_count: f64,
+    img_tok_sum: f64,
+    images_count: f64,
+}
+
+async fn snapshot(url: &str, reason: &str) -> (Snapshot, String) {
+    let t = metrics_text(url).await;
+    let s = Snapshot {
+        fallback: metric(&t, "mmrouter_mm_fallback_total", &format!("reason=\"{reason}\"")),
+        img_tok_count: metric(&t, "mmrouter_image_tokens_per_request_count", ""),
+        img_tok_sum: metric(&t, "mmrouter_image_tokens_per_request_sum", ""),
+        images_count: metric(&t, "mmrouter_images_per_request_count", ""),
+    };
+    (s, t)
+}
+
+/// Text-prefix block keys of a chat body, computed independently of the proxy.
+fn prefix_blocks(body: &[u8]) -> Vec<u64> {
+    let model = QWEN3.load_prompt().unwrap();
+    let counter = QWEN3.load_counter(None, &Default::default()).unwrap();
+    let request = Request::parse(Endpoint::Chat, body).unwrap();
+    let tokens = plan::tokenize_chat(&model, &request, counter.placeholder()).unwrap();
+    let seed = plan::seed("qwen3-vl", None, None);
+    plan::block_keys(plan::text_prefix(&tokens), &[], 16, seed)
+}
+
+enum Model {
+    Failing { width: u32 },
+    Unsupported,
+}
+
+async fn gated_cluster(model: Model) -> Cluster {
+    let sims = sims(1, fast).await;
+    let specs = sims.iter().map(|s| WorkerSpec { name: s.name().to_owned(), url: s.url() }).collect();
+    let mut cfg = Settings::new(ModelSpec::new(QWEN3), specs);
+    cfg.pipeline.media.allow_cidrs = vec!["127.0.0.0/8".to_owned()];
+    cfg.server.health_interval = None;
+    let real = QWEN3.load_counter(None, &Default::default()).unwrap();
+    let counter: Result<Arc<dyn ImageCounter>, AccountingError> = match model {
+        Model::Failing { width } => Ok(Arc::new(FailOn { real, width, error: aspect })),
+        Model::Unsupported => Err(AccountingError::UnsupportedModel { detail: "test model".into() }),
+    };
+    let pipeline = Pipeline::with_counter(&cfg.pipeline, QWEN3.load_prompt().unwrap(), counter).unwrap();
+    let state = mmrouter::server::AppState::with_pipeline(&cfg, pipeline).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, state) = mmrouter::server::spawn_state(&cfg, state, listener).await.unwrap();
+    Cluster { sims, url: format!("http://{addr}"), state }
+}
+
+struct Case {
+    name: &'static str,
+    model: Model,
+    images: Vec<String>,
+    route: &'static str,
+    reason: Option<&'static str>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_matrix() {
+    let ok_a = png_data_url(640, 480, 10);
+    let ok_b = png_data_url(800, 600, 20);
+    let failing = png_data_url(333, 222, 30); // the fake counter fails on width 333
+    let cases = vec![
+        Case {
+            name: "all images ok",
+            model: Model::Failing { width: 333 },
+            images: vec![ok_a.clone(), ok_b.clone()],
+            route: "exact",
+            reason: None,
+        },
+        Case {
+            name: "failure on the first image",
+            model: Model::Failing { width: 333 },
+            images: vec![failing.clone(), ok_a.clone()],
+            route: "text_prefix",
+            reason: Some("aspect_ratio"),
+        },
+        Case {
+            name: "failure after a valid image",
+            model: Model::Failing { width: 333 },
+            images: vec![ok_a.clone(), failing.clone()],
+            route: "text_prefix",
+            reason: Some("aspect_ratio"),
+        },
+        Case {
+            name: "failure in intake",
+            model: Model::Failing { width: 333 },
+            images: vec![ok_a.clone(), "http://[::1]:9/x.png".to_owned()],
+            route: "text_prefix",
+            reason: Some("fetch_blocked"),
+        },
+        Case {
+            name: "unknown model",
+            model: Model::Unsupported,
+            images: vec![ok_a.clone()],
+            route: "text_prefix",
+            reason: Some("unsupported_model"),
+        },
+    ];
+    for case in cases {
+        let c = gated_cluster(case.model).await;
+        let worker = c.sims[0].name().to_owned();
+        let body = chat_body(&case.images, "Compare these pictures in detail, please.", false);
+        let reason = case.reason.unwrap_or("none");
+        let (before, _) = snapshot(&c.url, reason).await;
+
+        let r = client()
+            .post(format!("{}/v1/chat/completions", c.url))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", case.name);
+        let route = r.headers()["x-mmrouter-route"].to_str().unwrap().to_owned();
+        let seen_hash = r.headers()["x-sim-body-sha256"].to_str().unwrap().to_owned();
+        let _ = r.text().await.unwrap();
+        assert_eq!(route, case.route, "{}", case.name);
+        assert_eq!(seen_hash, sha256_hex(&body), "{}: body changed", case.name);
+
+        let (after, text) = snapshot(&c.url, reason).await;
+        let gauge_line = format!("mmrouter_worker_inflight_image_tokens{{worker=\"{worker}\"}}");
+        let prefix = prefix_blocks(&body);
+        if case.route == "exact" {
+            assert_eq!(after.fallback - before.fallback, 0.0, "{}", case.name);
+            assert_eq!(after.img_tok_count - before.img_tok_count, 1.0, "{}", case.name);
+            assert_eq!(after.images_count - before.images_count, 1.0, "{}", case.name);
+            assert!(after.img_tok_sum - before.img_tok_sum > 0.0, "{}", case.name);
+            // The gauge was raised while in flight and is back to zero.
+            assert_eq!(metric(&text, "mmrouter_worker_inflight_image_tokens", &format!("worker=\"{worker}\"")), 0.0);
+            assert!(text.contains(&gauge_line), "{}: image gauge never touched", case.name);
+            // The index holds the whole prompt, images included: more than the text prefix.
+            assert!(c.state.router.index_blocks() > prefix.len(), "{}", case.name);
+        } else {
+            assert_eq!(after.fallback - before.fallback, 1.0, "{}: fallback counter", case.name);
+            assert_eq!(after.img_tok_count, before.img_tok_count, "{}: image-token sample", case.name);
+            assert_eq!(after.img_tok_sum, before.img_tok_sum, "{}: partial image total", case.name);
+            assert_eq!(after.images_count, before.images_count, "{}: images sample", case.name);
+            assert!(!text.contains(&gauge_line), "{}: image gauge touched on fallback", case.name);
+            // Exactly the text-prefix blocks were installed: no image keys.
+            let expected = if case.reason == Some("unsupported_model") { 0 } else { prefix.len() };
+            assert_eq!(c.state.router.index_blocks(), expected, "{}: index contents", case.name);
+            if expected > 0 {
+                let d = c
+                    .state
+                    .router
+                    .select(&SelectRequest {
+                        blocks: &prefix,
+                        block_size: 16,
+                        prompt_tokens: prefix.len() as u32 * 16,
+                        decode_tokens: 0,
+                    })
+                    .unwrap();
+                assert_eq!(d.overlap_blocks[0] as usize, prefix.len(), "{}", case.name);
+            }
+        }
+        for l in c.state.router.loads() {
+            assert_eq!(l.inflight.requests, 0);
+            assert_eq!(l.inflight.image_tokens, 0);
+        }
+    }
+}
+
+async fn chat(url: &str, body: &[u8]) -> (String, String, serde_json::Value) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let route = r.headers()["x-mmrouter-route"].to_str().unwrap().to_owned();
+    let worker = r.headers()["x-mmrouter-worker"].to_str().unwrap().to_owned();
+    (route, worker, r.json().await.unwrap())
+}
+
+async fn debug_route(url: &str, body: &[u8]) -> serde_json::Value {
+    client()
+        .post(format!("{url}/debug/route"))
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
+    let c = cluster_with(sims(4, fast).await, "[media]\nallow_cidrs = [\"127.0.0.0/8\"]").await;
+    let rocket = data_url("rocket.jpg");
+    let body = chat_body(std::slice::from_ref(&rocket), "What is shown here? Answer briefly.", false);
+
+    let plan = debug_route(&c.url, &body).await;
+    assert_eq!(plan["route"], "exact");
+    let image_run = plan["image_tokens"][0].as_u64().unwrap();
+    assert!(image_run > 0);
+
+    let (route1, w1, _) = chat(&c.url, &body).await;
+    let (route2, w2, v2) = chat(&c.url, &body).await;
+    assert_eq!((route1.as_str(), route2.as_str()), ("exact", "exact"));
+    assert_eq!(w1, w2, "the repeat must land on the worker that cached it");
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= image_run, "cached {cached} < image run {image_run}");
+
+    // Same text, a different image: only blocks wholly before the image may match.
+    let other = data_url("coffee.png");
+    let body_b = chat_body(std::slice::from_ref(&other), "What is shown here? Answer briefly.", false);
+    let plan_b = debug_route(&c.url, &body_b).await;
+    assert_eq!(plan_b["route"], "exact");
+    let prefix = prefix_blocks(&body_b).len() as u64;
+    let max_overlap = plan_b["overlap_blocks"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).max().unwrap();
+    assert!(max_overlap <= prefix, "false image hit: overlap {max_overlap} blocks > text prefix {prefix}");
+    let (_, _, vb) = chat(&c.url, &body_b).await;
+    let cached_b = vb["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached_b <= prefix * 16, "the sim reused image blocks of a different image: {cached_b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_aspect_ratio_falls_back_with_its_reason() {
+    let c = cluster_with(sims(4, fast).await, "").await;
+    let body = chat_body(&[png_data_url(5000, 20, 1)], "What is this strip?", false);
+    let plan = debug_route(&c.url, &body).await;
+    assert_eq!(plan["route"], "text_prefix");
+    assert_eq!(plan["reason"], "aspect_ratio");
+    assert_eq!(plan["image_tokens"], serde_json::json!([]));
+    let before = metric(&metrics_text(&c.url).await, "mmrouter_mm_fallback_total", "reason=\"aspect_ratio\"");
+    let (route, _, _) = chat(&c.url, &body).await;
+    assert_eq!(route, "text_prefix");
+    let after = metric(&metrics_text(&c.url).await, "mmrouter_mm_fallback_total", "reason=\"aspect_ratio\"");
+    assert_eq!(after - before, 1.0);
+}
+
+async fn drift(url: &str) -> (f64, f64) {
+    let t = metrics_text(url).await;
+    (metric(&t, "mmrouter_prompt_tokens_drift_count", ""), metric(&t, "mmrouter_prompt_tokens_drift_sum", ""))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_measured_from_worker_usage() {
+    // Knob on: the worker over-reports by 7, stream (with usage) and non-stream.
+    let c = cluster_with(
+        sims(1, |o| {
+            fast(o);
+            o.usage_drift = 7;
+        })
+        .await,
+        "",
+    )
+    .await;
+    let img = data_url("rocket.jpg");
+    for stream in [false, true] {
+        let (n0, s0) = drift(&c.url).await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", c.url))
+            .header("content-type", "application/json")
+            .body(chat_body(std::slice::from_ref(&img), "describe", stream))
+            .send()
+            .await
+            .unwrap();
+        let _ = r.text().await.unwrap();
+        // The drift sample is recorded when the relayed body ends.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (n1, s1) = drift(&c.url).await;
+        assert_eq!((n1 - n0, s1 - s0), (1.0, 7.0), "stream={stream}");
+    }
+
+    // Knob off: every real photo's exact prediction matches the worker's count.
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let photos = [
+        "rocket.jpg",
+        "grace_hopper.jpg",
+        "chelsea.png",
+        "coffee.png",
+        "horse.png",
+        "no_time_for_that_tiny.gif",
+        "alien1.gif",
+        "red.jpg",
+        "rocket_lossless.webp",
+        "rocket_lossy_alpha.webp",
+        "rocket_exif_rot6.jpg",
+    ];
+    let (n0, s0) = drift(&c.url).await;
+    for p in photos {
+        let (route, _, _) = chat(&c.url, &chat_body(&[data_url(p)], "describe", false)).await;
+        assert_eq!(route, "exact", "{p}");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (n1, s1) = drift(&c.url).await;
+    assert_eq!(n1 - n0, photos.len() as f64);
+    assert_eq!(s1 - s0, 0.0);
+}

@@ -1,0 +1,12 @@
+//! Behaviour tests of the `mmrouter` binary and proxy through real sockets: simulated workers and a
+//! proxy on 127.0.0.1 ephemeral ports (`harness`), the OpenAI SDK and promtool against it, and the
+//! command line. One test binary.
+
+mod accounting_cli;
+mod cli;
+mod count_cli;
+mod gate;
+mod harness;
+mod metrics_format;
+mod openai_sdk;
+mod proxy;

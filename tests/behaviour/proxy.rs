@@ -1,0 +1,263 @@
+//! The proxy through real sockets: byte-identical forwarding, streaming, errors, cancellation, metrics.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::*;
+use futures_util::StreamExt;
+
+async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
+    client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_and_image_chats_reach_the_worker_byte_identical() {
+    let c = cluster_with(sims(2, fast).await, "[media]\nallow_cidrs = [\"127.0.0.0/8\"]").await;
+    let img = data_url("rocket.jpg");
+    let cases = [
+        (chat_body(&[], "Hello there, how are you?", false), "no_media", false),
+        (chat_body(&[], "Hello there, streaming now", true), "no_media", true),
+        (chat_body(std::slice::from_ref(&img), "What is in this picture?", false), "exact", false),
+        (chat_body(std::slice::from_ref(&img), "Describe it, streaming.", true), "exact", true),
+    ];
+    for (body, route, stream) in cases {
+        // Odd but valid formatting must survive: the worker sees the client's exact bytes.
+        let mut bytes = b"  \n".to_vec();
+        bytes.extend_from_slice(&body);
+        let sent_hash = sha256_hex(&bytes);
+        let r = post(&c.url, bytes).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-sim-body-sha256"), sent_hash, "worker saw different bytes");
+        assert_eq!(header(&r, "x-mmrouter-route"), route);
+        let worker = header(&r, "x-mmrouter-worker").to_owned();
+        assert!(c.sims.iter().any(|s| s.name() == worker), "unknown worker {worker}");
+        let ctype = header(&r, "content-type").to_owned();
+        let text = r.text().await.unwrap();
+        if stream {
+            assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+            assert!(text.contains("\"usage\""), "include_usage chunk missing: {text}");
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["object"], "chat.completion");
+            assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+        }
+    }
+    // Every load taken was released.
+    for l in c.state.router.loads() {
+        assert_eq!(l.inflight.requests, 0, "{l:?}");
+        assert_eq!(l.inflight.prefill_tokens, 0, "{l:?}");
+        assert_eq!(l.inflight.image_tokens, 0, "{l:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_relayed_as_they_arrive() {
+    // 20 tokens at 100 ms each: a buffering proxy would deliver nothing for ~2 s.
+    let c = cluster_with(
+        sims(1, |o| {
+            fast(o);
+            o.decode_ms_per_token = 100;
+        })
+        .await,
+        "",
+    )
+    .await;
+    let mut body: serde_json::Value = serde_json::from_slice(&chat_body(&[], "count slowly", true)).unwrap();
+    body["max_tokens"] = 20.into();
+    let t0 = Instant::now();
+    let r = post(&c.url, serde_json::to_vec(&body).unwrap()).await;
+    let mut stream = r.bytes_stream();
+    let mut chunks_before_end = 0;
+    let mut first_at = None;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        if String::from_utf8_lossy(&chunk).contains("\"content\"") {
+            first_at.get_or_insert(t0.elapsed());
+            chunks_before_end += 1;
+        }
+    }
+    let total = t0.elapsed();
+    let first = first_at.expect("content chunks arrive");
+    assert!(chunks_before_end >= 5, "chunks were coalesced: {chunks_before_end}");
+    // Ordering, not absolute speed: the first token arrives well before the stream ends.
+    assert!(first * 3 < total, "first content after {first:?} of {total:?}: buffered?");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_cancels_the_upstream_request() {
+    let c = cluster_with(
+        sims(1, |o| {
+            fast(o);
+            o.decode_ms_per_token = 50;
+        })
+        .await,
+        "",
+    )
+    .await;
+    let mut body: serde_json::Value = serde_json::from_slice(&chat_body(&[], "a long story", true)).unwrap();
+    body["max_tokens"] = 1000.into();
+    let r = post(&c.url, serde_json::to_vec(&body).unwrap()).await;
+    let mut stream = r.bytes_stream();
+    let _ = stream.next().await.expect("first chunk").unwrap();
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.sims[0].stats().cancelled == 0 {
+        assert!(Instant::now() < deadline, "the worker never saw the cancellation");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the router released the request's load.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.state.router.loads()[0].inflight.requests != 0 {
+        assert!(Instant::now() < deadline, "load not released after disconnect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.sims[0].stats().in_flight, 0);
+}
+
+fn assert_openai_error(v: &serde_json::Value) {
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    assert!(e["code"].is_string(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bodies_get_openai_errors_and_nothing_is_forwarded() {
+    let c = cluster_with(sims(1, fast).await, "[server]\nmax_body_bytes = 4096").await;
+    for (body, status) in
+        [(b"{\"model\": \"m\", \"messages\": [".to_vec(), 400), (b"[1, 2, 3]".to_vec(), 400), (vec![b' '; 5000], 413)]
+    {
+        let r = post(&c.url, body).await;
+        assert_eq!(r.status(), status);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_openai_error(&v);
+    }
+    assert_eq!(c.sims[0].stats().requests, 0, "a rejected body reached the worker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_worker_is_a_502_within_the_connect_timeout() {
+    // A port that was bound and released: connections are refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let toml = format!(
+        "[server]\nconnect_timeout_ms = 500\nhealth_interval_ms = 0\n[[workers]]\nname = \"dead\"\nurl = \"http://{dead}\"\n"
+    );
+    let c = proxy(Vec::new(), &toml).await;
+    let t0 = Instant::now();
+    let r = post(&c.url, chat_body(&[], "hi", false)).await;
+    assert_eq!(r.status(), 502);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_openai_error(&r.json().await.unwrap());
+    // Now marked unhealthy: the next request is refused at once with 503.
+    let r = post(&c.url, chat_body(&[], "hi", false)).await;
+    assert_eq!(r.status(), 503);
+    assert_openai_error(&r.json().await.unwrap());
+    assert_eq!(c.state.router.loads()[0].inflight.requests, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failure_is_retried_on_another_worker() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let live = sims(1, fast).await;
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n[routing]\npolicy = \"round_robin\"\n[[workers]]\nname = \"dead\"\nurl = \"http://{dead}\"\n[[workers]]\nname = {:?}\nurl = {:?}\n",
+        live[0].name(),
+        live[0].url()
+    );
+    let c = proxy(live, &toml).await;
+    for _ in 0..3 {
+        let r = post(&c.url, chat_body(&[], "hi", false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-mmrouter-worker"), c.sims[0].name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_worker_is_a_504_at_the_first_byte_timeout() {
+    let c = cluster_with(
+        sims(1, |o| {
+            fast(o);
+            o.extra_delay_ms = 3000;
+        })
+        .await,
+        "[server]\nfirst_byte_timeout_ms = 300\ntotal_timeout_ms = 10000",
+    )
+    .await;
+    let t0 = Instant::now();
+    let r = post(&c.url, chat_body(&[], "hi", false)).await;
+    assert_eq!(r.status(), 504);
+    assert!(t0.elapsed() < Duration::from_millis(2500), "{:?}", t0.elapsed());
+    assert_openai_error(&r.json().await.unwrap());
+    assert_eq!(c.state.router.loads()[0].inflight.requests, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_passthrough_and_metrics() {
+    let c = cluster_with(sims(2, fast).await, "").await;
+    let r = client().get(format!("{}/v1/models", c.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "list");
+    assert!(v["data"][0]["id"].is_string());
+
+    let r = client().get(format!("{}/health", c.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    let r = client()
+        .post(format!("{}/v1/completions", c.url))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","prompt":"Once upon a time","max_tokens":4}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-mmrouter-route"), "no_media");
+    let _ = r.text().await;
+    let _ = post(&c.url, chat_body(&[], "hello", false)).await.text().await;
+
+    let text = metrics_text(&c.url).await;
+    for name in [
+        mmrouter::observe::REQUESTS_TOTAL,
+        mmrouter::observe::UPSTREAM_REQUESTS_TOTAL,
+        mmrouter::observe::WORKER_INFLIGHT_REQUESTS,
+        mmrouter::observe::STAGE_DURATION_SECONDS,
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    assert!(text.contains("stage=\"forward_ttfb\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_image_urls_fall_back_or_are_rejected_as_configured() {
+    let blocked = "http://2130706434:9/cat.png".to_owned();
+    // Default: the request still reaches a worker unchanged, routed on its text prefix.
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let body = chat_body(std::slice::from_ref(&blocked), "what is this?", false);
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-mmrouter-route"), "text_prefix");
+    assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body));
+
+    // reject_blocked_urls: a 400 OpenAI error, nothing forwarded.
+    let c = cluster_with(sims(1, fast).await, "[media]\nreject_blocked_urls = true").await;
+    let r = post(&c.url, body).await;
+    assert_eq!(r.status(), 400);
+    assert_openai_error(&r.json().await.unwrap());
+    assert_eq!(c.sims[0].stats().requests, 0);
+}
