@@ -7,39 +7,45 @@
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 
-# Dependencies first: build them against stub sources so this layer survives edits to src/.
+# Dependencies first: build them against stub sources so this layer survives edits to the code.
 # Cargo refuses a manifest whose declared [[bench]]/[[test]]/[[example]] files are missing, so each
 # one gets a stub too (they are not compiled by `cargo build`).
 COPY Cargo.toml Cargo.lock ./
+COPY crates/core/Cargo.toml crates/core/Cargo.toml
+COPY crates/sim/Cargo.toml crates/sim/Cargo.toml
+COPY crates/loadgen/Cargo.toml crates/loadgen/Cargo.toml
 RUN <<'EOF'
 set -eu
-mkdir -p src
-echo 'fn main() {}' > src/main.rs
-: > src/lib.rs
-awk -F'"' '
-    function flush() {
-        if (kind != "" && name != "") print (path != "" ? path : dir[kind] "/" name ".rs")
-        kind = ""; name = ""; path = ""
-    }
-    BEGIN { dir["bench"] = "benches"; dir["test"] = "tests"; dir["example"] = "examples" }
-    /^[ \t]*\[/ { flush() }
-    /^[ \t]*\[\[bench\]\]/ { kind = "bench"; next }
-    /^[ \t]*\[\[test\]\]/ { kind = "test"; next }
-    /^[ \t]*\[\[example\]\]/ { kind = "example"; next }
-    kind != "" && /^[ \t]*name[ \t]*=/ { name = $2 }
-    kind != "" && /^[ \t]*path[ \t]*=/ { path = $2 }
-    END { flush() }
-' Cargo.toml | while read -r f; do
-    mkdir -p "$(dirname "$f")"
-    [ -e "$f" ] || echo 'fn main() {}' > "$f"
+for dir in . crates/core crates/sim crates/loadgen; do
+    mkdir -p "$dir/src"
+    : > "$dir/src/lib.rs"
+    awk -F'"' '
+        function flush() {
+            if (kind != "" && name != "") print (path != "" ? path : d[kind] "/" name ".rs")
+            kind = ""; name = ""; path = ""
+        }
+        BEGIN { d["bench"] = "benches"; d["test"] = "tests"; d["example"] = "examples" }
+        /^[ \t]*\[/ { flush() }
+        /^[ \t]*\[\[bench\]\]/ { kind = "bench"; next }
+        /^[ \t]*\[\[test\]\]/ { kind = "test"; next }
+        /^[ \t]*\[\[example\]\]/ { kind = "example"; next }
+        kind != "" && /^[ \t]*name[ \t]*=/ { name = $2 }
+        kind != "" && /^[ \t]*path[ \t]*=/ { path = $2 }
+        END { flush() }
+    ' "$dir/Cargo.toml" | while read -r f; do
+        mkdir -p "$dir/$(dirname "$f")"
+        [ -e "$dir/$f" ] || echo 'fn main() {}' > "$dir/$f"
+    done
 done
-cargo build --release --locked
-# Forget the stub crate so the real sources are always rebuilt, whatever their mtimes.
-rm -rf src target/release/.fingerprint/mmrouter-*
+echo 'fn main() {}' > src/main.rs
+cargo build --release --locked -p mmrouter
+# Forget the stub crates so the real sources are always rebuilt, whatever their mtimes.
+rm -rf src crates target/release/.fingerprint/mmrouter-*
 EOF
 
 # config/ is needed at build time: the bundled model profiles are embedded in the binary.
 COPY src src
+COPY crates crates
 COPY config config
 RUN cargo build --release --locked --bin mmrouter
 
