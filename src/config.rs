@@ -16,6 +16,7 @@ use mmrouter_core::accounting::Family;
 use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::PipelineConfig;
+use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 use serde::Deserialize;
 
@@ -88,6 +89,11 @@ pub struct ModelSection {
     pub default_decode_tokens: u32,
     /// The workers' `--max-model-len`; only request-wide accounting families (Nemotron Omni) need it.
     pub max_model_len: Option<u32>,
+    /// A Jinja chat template file that replaces the model's own (the workers' `--chat-template`).
+    pub chat_template: Option<String>,
+    /// The workers' `--chat-template-content-format`: `auto` (detected per template, vLLM's default),
+    /// `string` or `openai`.
+    pub chat_template_content_format: String,
 }
 
 impl Default for ModelSection {
@@ -103,6 +109,8 @@ impl Default for ModelSection {
             exact_accounting: spec.exact_accounting,
             default_decode_tokens: spec.default_decode_tokens,
             max_model_len: None,
+            chat_template: None,
+            chat_template_content_format: "auto".into(),
         }
     }
 }
@@ -229,7 +237,22 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         Some(f) => Some(f.parse::<Family>().map_err(|_| anyhow::anyhow!("model.family: unknown family '{f}'"))?),
         None => None,
     };
+    let content_format = match m.chat_template_content_format.as_str() {
+        "auto" => None,
+        "string" => Some(ContentFormat::String),
+        "openai" => Some(ContentFormat::OpenAi),
+        other => anyhow::bail!("model.chat_template_content_format: '{other}' is not auto, string or openai"),
+    };
+    let chat_template = match &m.chat_template {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("model.chat_template: cannot read '{path}': {e}"))?,
+        ),
+        None => None,
+    };
     Ok(ModelSpec {
+        chat_template,
+        content_format,
         name: m.name.clone().unwrap_or_else(|| m.dir.clone()),
         source,
         family,
@@ -288,6 +311,8 @@ mod tests {
             ("[model]\nblock_size = 0\n", "model.block_size"),
             ("[model]\nfamily = \"nonsense\"\n", "model.family"),
             ("[model]\ndir = \"/nonexistent/model\"\n", "model.dir"),
+            ("[model]\nchat_template_content_format = \"xml\"\n", "model.chat_template_content_format"),
+            ("[model]\nchat_template = \"/nonexistent/t.jinja\"\n", "model.chat_template"),
             ("[model]\nbogus = 1\n", "bogus"),
             ("[server]\nlisten = 5\n", "listen"),
         ];

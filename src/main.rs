@@ -40,6 +40,18 @@ enum Cmd {
     Loadgen(mmrouter_loadgen::LoadgenOptions),
     /// Generate a seeded multimodal multi-turn workload (JSONL) for `loadgen`.
     Workload(mmrouter_loadgen::WorkloadOptions),
+    /// Print the prompt the router computes for a request file: text, token ids, image spans (to diff
+    /// against a worker's `/tokenize` or `/v1/chat/completions/render`).
+    Render {
+        /// Bundled profile name or HF model directory.
+        #[arg(long)]
+        model_dir: String,
+        /// The request body (`-` for standard input).
+        request: PathBuf,
+        /// The body is a `/v1/completions` request.
+        #[arg(long)]
+        completion: bool,
+    },
     /// Print image-token counts for sizes and image files.
     Count {
         /// Bundled profile name or HF model directory.
@@ -103,6 +115,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Demo { port, workers, model } => mmrouter::demo::run(port, workers, &model, shutdown_signal()).await,
         Cmd::Sim(opts) => mmrouter_sim::run_exact(opts, shutdown_signal()).await,
+        Cmd::Render { model_dir, request, completion } => mmrouter::render::run(&model_dir, &request, completion).await,
         Cmd::Loadgen(opts) => {
             let report = mmrouter_loadgen::run(opts).await?;
             println!("{}", report.table());

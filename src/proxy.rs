@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -197,9 +197,16 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
     forward(&st, &plan, parts.method, &path, &parts.headers, bytes).await
 }
 
+/// `?tokens=true` on `/debug/route` adds the rendered text, token ids and image spans.
+#[derive(serde::Deserialize, Default)]
+pub struct DebugParams {
+    #[serde(default)]
+    tokens: bool,
+}
+
 /// `POST /debug/route`: the plan and the choice for a chat request, as JSON, without forwarding or
 /// holding any load.
-pub async fn debug_route(State(st): State<Arc<AppState>>, req: Request) -> Response {
+pub async fn debug_route(State(st): State<Arc<AppState>>, Query(params): Query<DebugParams>, req: Request) -> Response {
     let bytes = match read_body(req.into_body(), st.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -208,12 +215,19 @@ pub async fn debug_route(State(st): State<Arc<AppState>>, req: Request) -> Respo
         Ok(r) => r,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = match st.pipeline.plan(&request).await {
-        Ok(p) => p.plan,
+    let planned = match st.pipeline.plan_with(&request, params.tokens).await {
+        Ok(p) => p,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let decision = st.router.select(&select_request(&plan));
-    axum::Json(debug_json(&st, &plan, decision.as_ref())).into_response()
+    let decision = st.router.select(&select_request(&planned.plan));
+    let mut out = debug_json(&st, &planned.plan, decision.as_ref());
+    if params.tokens {
+        let trace = crate::render::report(&planned);
+        for key in ["text", "token_ids", "image_spans"] {
+            out[key] = trace[key].clone();
+        }
+    }
+    axum::Json(out).into_response()
 }
 
 fn debug_json(st: &AppState, plan: &RoutePlan, d: Option<&Decision>) -> serde_json::Value {

@@ -38,3 +38,32 @@ fn missing_config_file_is_named() {
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/mmrouter.toml"));
 }
+
+/// `mmrouter render` prints the ids a vLLM worker computes for the request (the parity fixture's
+/// expected ids, produced by transformers), so operators can diff against their deployment.
+#[test]
+fn render_prints_the_workers_token_ids() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/parity");
+    let corpus: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{fixtures}/chats.json")).unwrap()).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{fixtures}/expected/qwen3_vl.json")).unwrap()).unwrap();
+    for name in ["tools_text", "tool_calls_empty_content"] {
+        let request = corpus["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        let want = expected["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("request.json");
+        std::fs::write(&path, request["request"].to_string()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+            .args(["render", "--model-dir", "qwen3-vl"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(got["route"], "no_media", "{name}");
+        assert_eq!(got["prompt_tokens_exact"], true, "{name}");
+        assert_eq!(got["text"], want["text"], "{name}");
+        assert_eq!(got["token_ids"], want["ids"], "{name}");
+    }
+}

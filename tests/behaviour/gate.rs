@@ -68,7 +68,7 @@ fn prefix_blocks(body: &[u8]) -> Vec<u64> {
     let model = QWEN3.load_prompt().unwrap();
     let counter = QWEN3.load_counter(None, &Default::default()).unwrap();
     let request = Request::parse(Endpoint::Chat, body).unwrap();
-    let tokens = plan::tokenize_chat(&model, &request, counter.placeholder()).unwrap();
+    let tokens = plan::tokenize_chat(&model, &request, counter.placeholder(), &Default::default()).unwrap();
     let seed = plan::seed("qwen3-vl", None, None);
     plan::block_keys(plan::text_prefix(&tokens), &[], 16, seed)
 }
@@ -341,4 +341,30 @@ async fn drift_is_measured_from_worker_usage() {
     let (n1, s1) = drift(&c.url).await;
     assert_eq!(n1 - n0, photos.len() as f64);
     assert_eq!(s1 - s0, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_route_shows_the_token_ids_on_request() {
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let body = chat_body(&[data_url("rocket.jpg")], "What is shown here?", false);
+    let plain = debug_route(&c.url, &body).await;
+    assert!(plain.get("token_ids").is_none(), "ids only when asked for");
+    let r = client()
+        .post(format!("{}/debug/route?tokens=true", c.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["route"], "exact");
+    let ids: Vec<u64> = serde_json::from_value(v["token_ids"].clone()).unwrap();
+    assert_eq!(ids.len() as u64, v["prompt_tokens"].as_u64().unwrap());
+    let span = &v["image_spans"][0];
+    let (offset, len) = (span["offset"].as_u64().unwrap() as usize, span["length"].as_u64().unwrap() as usize);
+    assert_eq!(len as u64, v["image_tokens"][0].as_u64().unwrap());
+    // The span is the image's run of <|image_pad|>, inside <|vision_start|> … <|vision_end|>.
+    assert!(ids[offset..offset + len].iter().all(|&id| id == 151655));
+    assert_eq!((ids[offset - 1], ids[offset + len]), (151652, 151653));
+    assert!(v["text"].as_str().unwrap().contains("<|vision_start|><|image_pad|><|vision_end|>What is shown here?"));
 }

@@ -39,6 +39,9 @@ fn bench(c: &mut Criterion) {
     c.bench_function("baseline_xxh3_128_of_110kb", |b| {
         b.iter(|| black_box(xxhash_rust::xxh3::xxh3_128(black_box(&photo))))
     });
+    c.bench_function("parse_150kb_image_chat", |b| {
+        b.iter(|| black_box(Request::parse(Endpoint::Chat, black_box(&image_body)).unwrap().images.len()))
+    });
     c.bench_function("intake_data_url_150kb", |b| {
         b.to_async(&rt).iter(|| async {
             let request = Request::parse(Endpoint::Chat, black_box(&image_body)).unwrap();

@@ -41,7 +41,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("plan_chat_one_150kb_image", |b| {
         b.iter(|| {
             let parsed = Request::parse(Endpoint::Chat, black_box(&req)).expect("parse");
-            let tokens = tokenize_chat(&model, &parsed, PAD).expect("tokenize");
+            let tokens = tokenize_chat(&model, &parsed, PAD, &Default::default()).expect("tokenize");
             let expanded = expand(&model, &tokens, &[(42, &run)]).expect("expand");
             black_box(block_keys(&expanded.ids, &expanded.spans, 16, chain_seed))
         })

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::accounting::{AccountingError, Counter, Family};
-use crate::prompt::{PromptError, PromptModel};
+use crate::prompt::{ContentFormat, PromptError, PromptModel};
 
 /// A model's files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +93,10 @@ pub struct ModelSpec {
     pub default_decode_tokens: u32,
     /// The workers' `--max-model-len`; only request-wide accounting families (Nemotron Omni) need it.
     pub max_model_len: Option<u32>,
+    /// A chat template that replaces the model's own (the workers' `--chat-template`), as text.
+    pub chat_template: Option<String>,
+    /// The workers' `--chat-template-content-format`; `None` is vLLM's `auto` (detected per template).
+    pub content_format: Option<ContentFormat>,
 }
 
 impl ModelSpec {
@@ -108,6 +112,8 @@ impl ModelSpec {
             exact_accounting: true,
             default_decode_tokens: 256,
             max_model_len: None,
+            chat_template: None,
+            content_format: None,
         }
     }
 }

@@ -12,11 +12,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::accounting::{AccountingError, Counter, ImageTokens, RequestContext, RunPart};
+use crate::accounting::{AccountingError, Counter, ImageTokens, RequestContext, RunPart, TextExpansion};
 use crate::media::{ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
 use crate::model::ModelSpec;
 use crate::plan::{self, ChatTokens, ImageSpan, PlanError};
-use crate::prompt::{PromptError, PromptModel};
+use crate::prompt::{PromptError, PromptModel, RenderOptions};
 use crate::request::{Endpoint, Request};
 
 /// How a request is routed (the `x-mmrouter-route` header and the `route` metric label).
@@ -128,6 +128,27 @@ pub struct Planned {
     pub timings: StageTimings,
     /// One sample per image read (data URL or fetch).
     pub probes: Vec<ProbeTiming>,
+    /// The prompt as routing saw it, when asked for ([`Pipeline::plan_with`]).
+    pub trace: Option<PromptTrace>,
+}
+
+/// What the model sees, as the router computed it: for operators to compare with the worker's own
+/// rendering (`/debug/route?tokens=true`, `mmrouter render`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PromptTrace {
+    /// The rendered chat (before image expansion); `None` for completions.
+    pub text: Option<String>,
+    /// The token ids the plan's blocks are cut from: the whole prompt, or the text prefix of a
+    /// fallback.
+    pub ids: Vec<u32>,
+    /// Where each image's tokens sit in `ids` (exact plans only).
+    pub spans: Vec<ImageSpan>,
+}
+
+/// A plan being built, with its trace if one was asked for.
+struct Draft {
+    plan: RoutePlan,
+    trace: Option<PromptTrace>,
 }
 
 /// A request the pipeline refuses to route (the proxy answers it with a client error).
@@ -167,6 +188,10 @@ pub struct PipelineConfig {
 pub trait ImageCounter: Send + Sync {
     /// Literal text of the one token the chat template emits per image.
     fn placeholder(&self) -> &str;
+    /// The placeholder vLLM writes into string-format content for the n-th image (1-based), if any.
+    fn prompt_placeholder(&self, _n: usize) -> Option<String> {
+        None
+    }
     /// Tokens for every image of one request (in order), or the first failure.
     fn count_request(
         &self,
@@ -179,6 +204,10 @@ pub trait ImageCounter: Send + Sync {
 impl ImageCounter for Counter {
     fn placeholder(&self) -> &str {
         Counter::placeholder(self)
+    }
+
+    fn prompt_placeholder(&self, n: usize) -> Option<String> {
+        Counter::prompt_placeholder(self, n)
     }
 
     fn count_request(
@@ -218,7 +247,11 @@ impl Pipeline {
     /// profile still loads: its requests with images fall back with the reason.
     pub fn new(cfg: &PipelineConfig) -> Result<Pipeline, LoadError> {
         let m = &cfg.model;
-        let model = m.source.load_prompt().map_err(|source| LoadError::Prompt { model: m.source.label(), source })?;
+        let prompt_err = |source| LoadError::Prompt { model: m.source.label(), source };
+        let mut model = m.source.load_prompt().map_err(prompt_err)?;
+        if m.chat_template.is_some() || m.content_format.is_some() {
+            model = model.with_overrides(m.chat_template.as_deref(), m.content_format).map_err(prompt_err)?;
+        }
         let counter =
             m.source.load_counter(m.family, &m.processor_kwargs).map(|c| Arc::new(c) as Arc<dyn ImageCounter>);
         Self::with_counter(cfg, model, counter)
@@ -257,13 +290,19 @@ impl Pipeline {
     /// Builds the plan for one parsed request: intake → tokenize → account → gate → plan. Only a
     /// policy refusal is an error; every other failure is a fallback route with its reason.
     pub async fn plan(&self, req: &Request<'_>) -> Result<Planned, Rejection> {
+        self.plan_with(req, false).await
+    }
+
+    /// [`Pipeline::plan`], keeping the prompt's text, ids and image spans when `trace` is set.
+    pub async fn plan_with(&self, req: &Request<'_>, trace: bool) -> Result<Planned, Rejection> {
         let seed = self.seed(req);
         let decode_tokens = ["max_completion_tokens", "max_tokens"]
             .iter()
             .find_map(|k| req.field(k).and_then(|v| v.as_u64()))
             .map(|v| v.min(u32::MAX as u64) as u32)
             .unwrap_or(self.default_decode_tokens);
-        let mut out = RoutePlan::empty(Route::NoMedia, self.block_size, decode_tokens);
+        let plan = RoutePlan::empty(Route::NoMedia, self.block_size, decode_tokens);
+        let mut out = Draft { plan, trace: trace.then(PromptTrace::default) };
         if req.endpoint == Endpoint::Completion {
             let t = Instant::now();
             match plan::tokenize_completion(&self.model, req) {
@@ -271,7 +310,7 @@ impl Pipeline {
                 Err(e) => tracing::debug!("completion prompt not tokenized ({}): routing by load", e.label()),
             }
             let timings = StageTimings { intake: None, account: None, plan: t.elapsed() };
-            return Ok(Planned { plan: out, timings, probes: Vec::new() });
+            return Ok(Planned { plan: out.plan, timings, probes: Vec::new(), trace: out.trace });
         }
 
         let t = Instant::now();
@@ -290,9 +329,12 @@ impl Pipeline {
         let account = t.elapsed();
 
         let t = Instant::now();
+        if let (Some(trace), Ok(tokens)) = (&mut out.trace, &tokens) {
+            trace.text = Some(tokens.text.clone());
+        }
         self.gate(&mut out, tokens, accounted, has_media, seed);
         let timings = StageTimings { intake: Some(intake), account: Some(account), plan: tokenize + t.elapsed() };
-        Ok(Planned { plan: out, timings, probes })
+        Ok(Planned { plan: out.plan, timings, probes, trace: out.trace })
     }
 
     /// Stage **intake**: every image read and probed, or the fallback reason.
@@ -322,11 +364,18 @@ impl Pipeline {
     /// The chat rendered and tokenized, placeholders located (when the model has an accounting
     /// profile; without one the image positions are unknown and only the text routes).
     fn tokenize(&self, req: &Request<'_>) -> Result<ChatTokens, PlanError> {
+        let counter = self.counter.as_ref().ok();
+        let placeholder = |n: usize| counter.and_then(|c| c.prompt_placeholder(n)).unwrap_or_default();
+        let has_string_placeholder = counter.is_some_and(|c| c.prompt_placeholder(1).is_some());
+        let opts = RenderOptions {
+            image_placeholder: has_string_placeholder.then_some(&placeholder as &dyn Fn(usize) -> String),
+        };
         match self.placeholder.as_deref() {
-            Some(p) => plan::tokenize_chat(&self.model, req, p),
+            Some(p) => plan::tokenize_chat(&self.model, req, p, &opts),
             None => {
-                let ids = self.model.render_chat(req).and_then(|text| self.model.encode(&text))?;
-                Ok(ChatTokens { ids, placeholders: Vec::new() })
+                let text = self.model.render_chat(req, &opts)?;
+                let ids = plan::encode_rendered(&self.model, req, &text)?;
+                Ok(ChatTokens { ids, placeholders: Vec::new(), text })
             }
         }
     }
@@ -335,7 +384,7 @@ impl Pipeline {
     /// text-prefix plan with the reason, carrying nothing of the images.
     fn gate(
         &self,
-        out: &mut RoutePlan,
+        out: &mut Draft,
         tokens: Result<ChatTokens, PlanError>,
         accounted: Result<Vec<Accounted>, Fallback>,
         has_media: bool,
@@ -344,33 +393,55 @@ impl Pipeline {
         match (tokens, accounted) {
             // An image that cannot be accounted is the reason, whatever else also failed.
             (tokens, Err(reason)) => {
-                out.route = Route::TextPrefix { reason };
+                out.plan.route = Route::TextPrefix { reason };
                 // Without a known placeholder the image position is unknown: route by load only.
                 if let (Ok(tokens), Some(_)) = (&tokens, &self.placeholder) {
                     self.set_blocks(out, plan::text_prefix(tokens), &[], seed, false);
                 }
             }
-            (Err(e), Ok(_)) if has_media => out.route = Route::TextPrefix { reason: e.label() },
+            (Err(e), Ok(_)) if has_media => out.plan.route = Route::TextPrefix { reason: e.label() },
             (Err(e), Ok(_)) => tracing::debug!("chat template failed ({e}); routing by load only"),
-            (Ok(tokens), Ok(acc)) if acc.is_empty() && tokens.placeholders.is_empty() => {
+            // Without images nothing is expanded: a placeholder the user typed stays the one token it is.
+            (Ok(tokens), Ok(acc)) if acc.is_empty() && !has_media => {
                 self.set_blocks(out, &tokens.ids, &[], seed, true);
             }
-            (Ok(tokens), Ok(acc)) => {
-                let runs: Vec<(u128, &[RunPart])> = acc.iter().map(|a| (a.hash, a.run.as_slice())).collect();
-                match plan::expand(&self.model, &tokens, &runs) {
-                    Ok(expanded) => {
-                        out.route = Route::Exact;
-                        self.set_blocks(out, &expanded.ids, &expanded.spans, seed, true);
-                        out.spans = expanded.spans;
-                        out.images = acc.into_iter().map(|a| a.planned).collect();
-                    }
-                    Err(e) => {
-                        out.route = Route::TextPrefix { reason: e.label() };
-                        self.set_blocks(out, plan::text_prefix(&tokens), &[], seed, false);
-                    }
+            (Ok(tokens), Ok(acc)) => match self.expand(&tokens, &acc) {
+                Ok(expanded) => {
+                    out.plan.route = Route::Exact;
+                    self.set_blocks(out, &expanded.ids, &expanded.spans, seed, true);
+                    out.plan.spans = expanded.spans;
+                    out.plan.images = acc.into_iter().map(|a| a.planned).collect();
                 }
-            }
+                Err(e) => {
+                    out.plan.route = Route::TextPrefix { reason: e.label() };
+                    self.set_blocks(out, plan::text_prefix(&tokens), &[], seed, false);
+                }
+            },
         }
+    }
+
+    /// Each image's placeholder replaced by its run: in token space, or in text space for families
+    /// whose expansion merges with its neighbours.
+    fn expand(&self, tokens: &ChatTokens, acc: &[Accounted]) -> Result<plan::Expanded, PlanError> {
+        let texts: Option<Vec<(u128, &TextExpansion)>> = acc
+            .iter()
+            .map(|a| match &a.expansion {
+                Expansion::Text(t) => Some((a.hash, t)),
+                Expansion::Tokens(_) => None,
+            })
+            .collect();
+        if let (Some(texts), Some(p)) = (texts, &self.placeholder) {
+            return plan::expand_text(&self.model, tokens, p, &texts);
+        }
+        let runs: Option<Vec<(u128, &[RunPart])>> = acc
+            .iter()
+            .map(|a| match &a.expansion {
+                Expansion::Tokens(run) => Some((a.hash, run.as_slice())),
+                Expansion::Text(_) => None,
+            })
+            .collect();
+        let runs = runs.ok_or(PlanError::InvalidRequest("mixed image expansions".into()))?;
+        plan::expand(&self.model, tokens, &runs)
     }
 
     /// Stage **account**: all images of the request, or the first failure's label.
@@ -395,10 +466,15 @@ impl Pipeline {
         infos.into_iter().zip(counts).map(|(info, tokens)| Accounted::new(info, tokens)).collect()
     }
 
-    fn set_blocks(&self, out: &mut RoutePlan, ids: &[u32], spans: &[ImageSpan], seed: u64, whole: bool) {
-        out.prompt_tokens = ids.len().min(u32::MAX as usize) as u32;
-        out.prompt_exact = whole;
-        out.blocks = plan::block_keys(ids, spans, self.block_size as usize, seed);
+    fn set_blocks(&self, out: &mut Draft, ids: &[u32], spans: &[ImageSpan], seed: u64, whole: bool) {
+        let plan = &mut out.plan;
+        plan.prompt_tokens = ids.len().min(u32::MAX as usize) as u32;
+        plan.prompt_exact = whole;
+        plan.blocks = plan::block_keys(ids, spans, self.block_size as usize, seed);
+        if let Some(trace) = &mut out.trace {
+            trace.ids = ids.to_vec();
+            trace.spans = spans.to_vec();
+        }
     }
 
     /// Block-hash seed: the model identity, the LoRA adapter the request names, and its cache_salt.
@@ -408,17 +484,32 @@ impl Pipeline {
     }
 }
 
-/// One image that passed accounting: its identity, its expansion run, and its plan entry.
+/// How an accounted image enters the prompt.
+enum Expansion {
+    /// A token run replacing the placeholder token.
+    Tokens(Vec<RunPart>),
+    /// Text replacing the placeholder before tokenization.
+    Text(TextExpansion),
+}
+
+/// One image that passed accounting: its identity, its expansion, and its plan entry.
 struct Accounted {
     hash: u128,
-    run: Vec<RunPart>,
+    expansion: Expansion,
     planned: PlannedImage,
 }
 
 impl Accounted {
     fn new(info: ImageInfo, tokens: ImageTokens) -> Result<Accounted, Fallback> {
-        let run = tokens.run().ok_or("expansion_unknown")?;
-        let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+        let (expansion, len) = match (tokens.run(), tokens.text_expansion()) {
+            (Some(run), _) => {
+                let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+                (Expansion::Tokens(run), len)
+            }
+            // The image's own tokens; the merged newlines around them belong to the text.
+            (None, Some(text)) => (Expansion::Text(text.clone()), text.embed_count),
+            (None, None) => return Err("expansion_unknown"),
+        };
         let planned = PlannedImage {
             hash: format!("{:032x}", info.hash),
             width: info.width,
@@ -426,6 +517,6 @@ impl Accounted {
             feature_tokens: tokens.feature_tokens,
             tokens: len,
         };
-        Ok(Accounted { hash: info.hash, run, planned })
+        Ok(Accounted { hash: info.hash, expansion, planned })
     }
 }

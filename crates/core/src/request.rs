@@ -80,6 +80,9 @@ const KNOWN_FIELDS: &[&str] = &[
     "add_generation_prompt",
     "continue_final_message",
     "documents",
+    "reasoning_effort",
+    "chat_template",
+    "add_special_tokens",
     "prompt",
     "stream",
 ];
@@ -256,25 +259,32 @@ impl<'a> Visitor<'a> for TopSeed {
     }
 }
 
-/// Drains any JSON value a lenient visitor does not want, so parsing can go on.
-macro_rules! skip_other_types {
-    ($out:expr) => {
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+/// The scalar visits of a lenient visitor: each JSON scalar becomes `$v` (a `Value`) and the visitor
+/// yields `$out`, so an unexpected type never stops the parse.
+macro_rules! visit_scalars {
+    ($v:ident => $out:expr) => {
+        fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+            let $v = Value::from(b);
             Ok($out)
         }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+            let $v = Value::from(n);
             Ok($out)
         }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+            let $v = Value::from(n);
             Ok($out)
         }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        fn visit_f64<E>(self, n: f64) -> Result<Self::Value, E> {
+            let $v = Value::from(n);
             Ok($out)
         }
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+            let $v = Value::from(s);
             Ok($out)
         }
         fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            let $v = Value::Null;
             Ok($out)
         }
     };
@@ -295,7 +305,7 @@ impl<'a> Visitor<'a> for MessagesSeed<'_, 'a> {
         f.write_str("an array of messages")
     }
 
-    skip_other_types!(Err("`messages` must be an array".to_owned()));
+    visit_scalars!(_v => Err("`messages` must be an array".to_owned()));
 
     fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Self::Value, M::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
@@ -340,7 +350,7 @@ impl<'a> Visitor<'a> for MessageSeed<'_, 'a> {
         f.write_str("a message object")
     }
 
-    skip_other_types!(None);
+    visit_scalars!(_v => None);
 
     fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
@@ -379,26 +389,10 @@ impl<'a> Visitor<'a> for ContentSeed<'_, 'a> {
         f.write_str("message content")
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Entry::Json(v.into()))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Entry::Json(v.into()))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Entry::Json(v.into()))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(Entry::Json(v.into()))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Entry::Json(v.into()))
-    }
+    visit_scalars!(v => Entry::Json(v));
+
     fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
         Ok(Entry::Json(v.into()))
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Entry::Json(Value::Null))
     }
 
     fn visit_map<M: MapAccess<'a>>(self, map: M) -> Result<Self::Value, M::Error> {
@@ -445,24 +439,8 @@ impl<'a> Visitor<'a> for PartSeed<'_, 'a> {
         f.write_str("a content part")
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Part::Json(v.into()))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Part::Json(v.into()))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Part::Json(v.into()))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(Part::Json(v.into()))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Part::Json(v.into()))
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Part::Json(Value::Null))
-    }
+    visit_scalars!(v => Part::Json(v));
+
     fn visit_seq<S: SeqAccess<'a>>(self, seq: S) -> Result<Self::Value, S::Error> {
         Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq)).map(Part::Json)
     }

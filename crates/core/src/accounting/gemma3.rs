@@ -8,6 +8,18 @@ use super::num::{exact, mul, to_u32, to_u64};
 use super::{ImageTokens, Structure};
 
 pub(super) const PLACEHOLDER: &str = "<start_of_image>";
+const END: &str = "<end_of_image>";
+const SOFT: &str = "<image_soft_token>";
+
+/// `Gemma3Processor`'s `full_image_sequence`: what replaces each `<start_of_image>` in the prompt text.
+pub(super) fn text_expansion(tokens_per_image: u32) -> super::TextExpansion {
+    let soft = SOFT.repeat(tokens_per_image as usize);
+    super::TextExpansion {
+        text: format!("\n\n{PLACEHOLDER}{soft}{END}\n\n"),
+        embed_token: SOFT,
+        embed_count: tokens_per_image,
+    }
+}
 pub(super) const KWARGS: &[&str] = &[
     "do_pan_and_scan",
     "pan_and_scan_min_crop_size",

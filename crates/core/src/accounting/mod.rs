@@ -108,6 +108,25 @@ impl Family {
     }
 
     /// Every supported family, for listings and tests.
+    /// See [`Counter::prompt_placeholder`].
+    pub fn prompt_placeholder(self, n: usize) -> Option<String> {
+        Some(match self {
+            Family::Qwen2Vl | Family::Qwen3Vl => "<|vision_start|><|image_pad|><|vision_end|>".to_owned(),
+            Family::Glm4v => "<|begin_of_image|><|image|><|end_of_image|>".to_owned(),
+            Family::Llava
+            | Family::LlavaNext
+            | Family::Idefics3
+            | Family::SmolVlm
+            | Family::InternVl
+            | Family::NemotronOmni => "<image>".to_owned(),
+            Family::Phi3V => format!("<|image_{n}|>"),
+            Family::Llama4 => "<|image|>".to_owned(),
+            Family::Gemma3 => "<start_of_image>".to_owned(),
+            Family::KimiVl => "<|media_start|>image<|media_content|><|media_pad|><|media_end|>".to_owned(),
+            Family::Pixtral | Family::Mistral3 => return None,
+        })
+    }
+
     pub fn all() -> &'static [Family] {
         &ALL_FAMILIES
     }
@@ -281,7 +300,25 @@ pub struct ImageTokens {
     pub structure: Structure,
 }
 
+/// An expansion that is text, not tokens: it replaces the placeholder in the rendered prompt before
+/// tokenization, because its edges merge with the prompt around it (Gemma 3's `"\n\n"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextExpansion {
+    pub text: String,
+    /// The token that carries the image's embedding, and how many of it the text holds in one run.
+    pub embed_token: &'static str,
+    pub embed_count: u32,
+}
+
 impl ImageTokens {
+    /// The text expansion of families that need one (Gemma 3 without pan-and-scan crops), else `None`.
+    pub fn text_expansion(&self) -> Option<TextExpansion> {
+        match &self.structure {
+            Structure::Gemma3 { crops: 0, tokens_per_image } => Some(gemma3::text_expansion(*tokens_per_image)),
+            _ => None,
+        }
+    }
+
     /// The exact token run that replaces the placeholder, in order, as literal token texts with repeat
     /// counts. `None` where the run also depends on the prompt (Gemma 3's merged newlines).
     pub fn run(&self) -> Option<Vec<RunPart>> {
@@ -436,6 +473,12 @@ impl Counter {
     /// Literal text of the single token the chat template emits per image and the processor
     /// replaces. Phi-3-V is the exception: prompts carry `<|image_1|>`, `<|image_2|>` … and each is
     /// replaced by a run of `<|image|>`, the text returned here.
+    /// The placeholder vLLM writes into string-format message content for the n-th image (1-based) of
+    /// a request (`get_placeholder_str`); `None` where vLLM writes none (Pixtral, Mistral 3).
+    pub fn prompt_placeholder(&self, n: usize) -> Option<String> {
+        self.family.prompt_placeholder(n)
+    }
+
     pub fn placeholder(&self) -> &str {
         match self.family {
             Family::Qwen2Vl | Family::Qwen3Vl => qwen::PAD,

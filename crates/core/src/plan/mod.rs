@@ -9,8 +9,8 @@ mod blocks;
 
 use serde_json::Value as Json;
 
-use crate::accounting::RunPart;
-use crate::prompt::{PromptError, PromptModel};
+use crate::accounting::{RunPart, TextExpansion};
+use crate::prompt::{PromptError, PromptModel, RenderOptions};
 use crate::request::Request;
 
 pub use blocks::{block_keys, seed, ImageSpan};
@@ -44,6 +44,8 @@ pub struct ChatTokens {
     pub ids: Vec<u32>,
     /// Positions of the image placeholder token in `ids`, in order.
     pub placeholders: Vec<usize>,
+    /// The rendered prompt (kept for expansions done in text space).
+    pub text: String,
 }
 
 /// The prompt after every placeholder was replaced by its image's run.
@@ -55,13 +57,70 @@ pub struct Expanded {
 
 /// Renders and tokenizes a chat request and finds the image placeholders (`placeholder` is the
 /// placeholder token's text, e.g. "<|image_pad|>").
-pub fn tokenize_chat(model: &PromptModel, request: &Request<'_>, placeholder: &str) -> Result<ChatTokens, PlanError> {
+pub fn tokenize_chat(
+    model: &PromptModel,
+    request: &Request<'_>,
+    placeholder: &str,
+    opts: &RenderOptions<'_>,
+) -> Result<ChatTokens, PlanError> {
     let placeholder_id =
         model.token_id(placeholder).ok_or_else(|| PlanError::PlaceholderNotAToken(placeholder.to_owned()))?;
-    let text = model.render_chat(request)?;
-    let ids = model.encode(&text)?;
+    let text = model.render_chat(request, opts)?;
+    let ids = encode_rendered(model, request, &text)?;
     let placeholders = ids.iter().enumerate().filter_map(|(i, &id)| (id == placeholder_id).then_some(i)).collect();
-    Ok(ChatTokens { ids, placeholders })
+    Ok(ChatTokens { ids, placeholders, text })
+}
+
+/// The ids of a rendered chat: vLLM adds no special tokens unless the request asks
+/// (`add_special_tokens`).
+pub fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: &str) -> Result<Vec<u32>, PlanError> {
+    Ok(match request.field("add_special_tokens") {
+        Some(Json::Bool(true)) => model.encode_with(text, true)?,
+        _ => model.encode(text)?,
+    })
+}
+
+/// Replaces placeholder i by `images[i]`'s text expansion *in the rendered text* and tokenizes the
+/// result, as the HF processor does, so the expansion's edges merge with their neighbours exactly as
+/// on the worker (Gemma 3's `"\n\n"`). Each image's span is its run of embedding tokens.
+pub fn expand_text(
+    model: &PromptModel,
+    tokens: &ChatTokens,
+    placeholder: &str,
+    images: &[(u128, &TextExpansion)],
+) -> Result<Expanded, PlanError> {
+    if tokens.placeholders.len() != images.len() {
+        return Err(PlanError::PlaceholderMismatch { placeholders: tokens.placeholders.len(), images: images.len() });
+    }
+    let pieces: Vec<&str> = tokens.text.split(placeholder).collect();
+    if pieces.len() != images.len() + 1 {
+        return Err(PlanError::PlaceholderMismatch { placeholders: pieces.len() - 1, images: images.len() });
+    }
+    let mut text = String::with_capacity(tokens.text.len() + images.iter().map(|(_, e)| e.text.len()).sum::<usize>());
+    for (piece, (_, expansion)) in pieces.iter().zip(images) {
+        text.push_str(piece);
+        text.push_str(&expansion.text);
+    }
+    text.push_str(pieces.last().copied().unwrap_or_default());
+    let ids = model.encode(&text)?;
+    let mut spans = Vec::with_capacity(images.len());
+    let mut at = 0;
+    for (hash, expansion) in images {
+        let embed = model
+            .token_id(expansion.embed_token)
+            .ok_or_else(|| PlanError::PlaceholderNotAToken(expansion.embed_token.to_owned()))?;
+        let start = ids[at..].iter().position(|&id| id == embed).map(|p| p + at);
+        let len = expansion.embed_count as usize;
+        let run_ok = start.is_some_and(|s| ids.get(s..s + len).is_some_and(|run| run.iter().all(|&id| id == embed)));
+        let (Some(start), true) = (start, run_ok) else {
+            return Err(PlanError::PlaceholderMismatch { placeholders: spans.len(), images: images.len() });
+        };
+        let too_long = || PlanError::InvalidRequest("expanded prompt exceeds u32 offsets".into());
+        let offset = u32::try_from(start).map_err(|_| too_long())?;
+        spans.push(ImageSpan { offset, len: expansion.embed_count, hash: *hash });
+        at = start + len;
+    }
+    Ok(Expanded { ids, spans })
 }
 
 /// Token ids of a `/v1/completions` request's `prompt`: a string, a list of token ids, or a

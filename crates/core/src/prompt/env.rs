@@ -32,6 +32,35 @@ pub(crate) fn build(templates: &[(String, String)]) -> Result<Environment<'stati
     Ok(env)
 }
 
+/// The template with transformers' `{% generation %}…{% endgeneration %}` tags (which only mark the
+/// assistant's part for training masks and render their body) replaced by an always-true `if` block,
+/// so minijinja, which has no such tag, renders the body with the same whitespace control.
+pub(crate) fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    // Walk the template's delimited regions; only statement tags are rewritten.
+    while let Some(start) = ["{{", "{%", "{#"].iter().filter_map(|d| rest.find(d)).min() {
+        let close = match &rest[start..start + 2] {
+            "{{" => "}}",
+            "{#" => "#}",
+            _ => "%}",
+        };
+        let Some(len) = rest[start + 2..].find(close) else { break };
+        let end = start + 2 + len + 2;
+        let region = &rest[start..end];
+        out.push_str(&rest[..start]);
+        let inner = region[2..region.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        match (close, inner) {
+            ("%}", "generation") => out.push_str(&region.replacen("generation", "if true", 1)),
+            ("%}", "endgeneration") => out.push_str(&region.replacen("endgeneration", "endif", 1)),
+            _ => out.push_str(region),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `{{ x }}` output: floats as Python's `str(float)`; everything else as minijinja prints it
 /// (which already writes `True`/`False`/`None`).
 fn python_formatter(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
@@ -209,6 +238,19 @@ mod tests {
         assert_eq!(strftime("%A %a %B %j %I%p %-d %y %%", t), "Thursday Thu February 060 01PM 29 24 %");
         assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
         assert_eq!(strftime("%Q", 0), "%Q");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body_with_the_same_whitespace() {
+        let t = "{% for m in messages %}{%- generation -%}\n  [{{ m }}]  {%- endgeneration %}\n{% endfor %}";
+        let plain = without_generation_tags(t);
+        assert_eq!(plain, "{% for m in messages %}{%- if true -%}\n  [{{ m }}]  {%- endif %}\n{% endfor %}");
+        let env = build(&[("t".into(), plain)]).unwrap();
+        let out = env.get_template("t").unwrap().render(minijinja::context! { messages => vec!["a", "b"] }).unwrap();
+        assert_eq!(out, "[a][b]");
+        // Only statement tags: an expression or a comment mentioning the tag is left alone.
+        let other = "{{ '{% generation %}' }} {# {% generation %} #} {% if a %}";
+        assert_eq!(without_generation_tags(other), other);
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! every request.
 
 mod bundled;
-mod context;
+mod conversation;
 mod env;
 mod error;
+mod format;
 mod pyjson;
 mod segments;
 
@@ -18,12 +19,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::value::{Serde, Value};
-use serde_json::Value as Json;
+use serde_json::{Map, Value as Json};
 use tokenizers::Tokenizer;
 
 pub use error::PromptError;
+pub use format::ContentFormat;
 
-use crate::request::{Entry, Part, Request};
+use crate::request::Request;
 
 /// Upper bound on a decompressed `tokenizer.json.gz` (real tokenizers are 2–35 MB).
 const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
@@ -32,6 +34,16 @@ const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
 const DEFAULT_TEMPLATE: &str = "default";
 /// HF picks this named template instead of the default when the request has tools.
 const TOOL_USE_TEMPLATE: &str = "tool_use";
+/// The processor's template (`chat_template.jinja` / `chat_template.json`), which vLLM prefers for
+/// requests without tools.
+const PROCESSOR_TEMPLATE: &str = "processor";
+/// An operator-given template (`[model] chat_template`, vLLM's `--chat-template`): used for every request.
+const EXPLICIT_TEMPLATE: &str = "explicit";
+/// transformers' `continue_final_message` marker, appended to the final message before rendering.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+/// Keys a request's `chat_template_kwargs` may not set: vLLM refuses a request template unless the
+/// server trusts it, and `messages`/`conversation` collide with the conversation argument.
+const FORBIDDEN_KWARGS: [&str; 3] = ["chat_template", "messages", "conversation"];
 
 /// A model's tokenizer and compiled chat template(s).
 #[derive(Clone)]
@@ -43,15 +55,44 @@ struct Inner {
     tokenizer: Tokenizer,
     segments: segments::SegmentEncoder,
     env: minijinja::Environment<'static>,
-    template_names: Vec<String>,
-    /// `bos_token`, `eos_token`, … as HF passes them to every render.
+    templates: Vec<TemplateInfo>,
+    /// `bos_token`, `eos_token`, … (and a model's named extra tokens) as transformers passes them.
     special_tokens: Vec<(String, Value)>,
+    /// The operator's `chat_template_content_format`; `None` = vLLM's `auto` detection.
+    forced_format: Option<ContentFormat>,
+}
+
+/// One compiled template and what vLLM's renderer derives from its text.
+#[derive(Debug, Clone)]
+struct TemplateInfo {
+    name: String,
+    format: ContentFormat,
+    knows_developer: bool,
+    mentions_content: bool,
+}
+
+impl TemplateInfo {
+    fn new(name: &str, source: &str) -> TemplateInfo {
+        TemplateInfo {
+            name: name.to_owned(),
+            format: format::detect(source),
+            knows_developer: source.contains("\"developer\"") || source.contains("'developer'"),
+            mentions_content: source.contains("content"),
+        }
+    }
+}
+
+/// What rendering needs to know about the served model beyond its files.
+#[derive(Default)]
+pub struct RenderOptions<'a> {
+    /// The placeholder vLLM puts in string-format content for the n-th image (1-based), if any.
+    pub image_placeholder: Option<&'a dyn Fn(usize) -> String>,
 }
 
 impl fmt::Debug for PromptModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PromptModel")
-            .field("templates", &self.inner.template_names)
+            .field("templates", &self.inner.templates)
             .field("vocab_size", &self.inner.tokenizer.get_vocab_size(true))
             .finish()
     }
@@ -101,35 +142,33 @@ impl PromptModel {
         }
     }
 
-    /// Loads an HF model directory: `tokenizer.json` (or `tokenizer.json.gz`), and the chat
-    /// template from `chat_template.jinja`, else `chat_template.json`, else
-    /// `tokenizer_config.json`'s `chat_template` (a string or a list of `{name, template}`) —
-    /// the processor's template first, as vLLM resolves it. A model without a template loads;
-    /// rendering a chat for it fails with `template_failed`.
+    /// Loads an HF model directory: `tokenizer.json` (or `tokenizer.json.gz`), `tokenizer_config.json`
+    /// (or `.gz`) with its `chat_template` (a string or a list of `{name, template}`), and the
+    /// processor's template from `chat_template.jinja`, else `chat_template.json`. Which one renders a
+    /// request is decided per request, as vLLM decides it (see [`PromptModel::render_chat`]). A model
+    /// without a template loads; rendering a chat for it fails with `template_failed`.
     pub fn from_dir(dir: &Path) -> Result<PromptModel, PromptError> {
         let load_err = |file: &str, detail: String| PromptError::ModelLoadFailed {
             source_name: dir.join(file).display().to_string(),
             detail,
         };
-        let plain = dir.join("tokenizer.json");
-        let tokenizer = if plain.is_file() {
-            let bytes = std::fs::read(&plain).map_err(|e| load_err("tokenizer.json", e.to_string()))?;
-            Tokenizer::from_bytes(&bytes).map_err(|e| load_err("tokenizer.json", e.to_string()))?
-        } else {
-            let gz = dir.join("tokenizer.json.gz");
-            let bytes = std::fs::read(&gz).map_err(|e| {
-                load_err("tokenizer.json", format!("neither tokenizer.json nor tokenizer.json.gz: {e}"))
-            })?;
-            let json = gunzip(&bytes).map_err(|e| load_err("tokenizer.json.gz", e))?;
-            Tokenizer::from_bytes(&json).map_err(|e| load_err("tokenizer.json.gz", e.to_string()))?
-        };
-        let config: Json = match std::fs::read(dir.join("tokenizer_config.json")) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|e| load_err("tokenizer_config.json", e.to_string()))?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Json::Object(Default::default()),
-            Err(e) => return Err(load_err("tokenizer_config.json", e.to_string())),
-        };
+        let config: Json =
+            match read_maybe_gz(dir, "tokenizer_config.json").map_err(|e| load_err("tokenizer_config.json", e))? {
+                Some(bytes) => {
+                    serde_json::from_slice(&bytes).map_err(|e| load_err("tokenizer_config.json", e.to_string()))?
+                }
+                None => Json::Object(Default::default()),
+            };
+        let model_type = std::fs::read(dir.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Json>(&b).ok())
+            .and_then(|c| c.get("model_type").and_then(Json::as_str).map(str::to_owned));
+        let json = read_maybe_gz(dir, "tokenizer.json").map_err(|e| load_err("tokenizer.json", e))?;
+        let json =
+            json.ok_or_else(|| load_err("tokenizer.json", "neither tokenizer.json nor tokenizer.json.gz".into()))?;
+        let json = transformers_architecture(json, &config, model_type.as_deref())
+            .map_err(|e| load_err("tokenizer.json", e))?;
+        let tokenizer = Tokenizer::from_bytes(&json).map_err(|e| load_err("tokenizer.json", e.to_string()))?;
         let processor_template = read_processor_template(dir).map_err(|(file, e)| load_err(file, e))?;
         PromptModel::assemble(tokenizer, &config, processor_template).map_err(|e| load_err("chat template", e))
     }
@@ -139,84 +178,105 @@ impl PromptModel {
         config: &Json,
         processor_template: Option<String>,
     ) -> Result<PromptModel, String> {
-        let templates = match processor_template {
-            Some(t) => vec![(DEFAULT_TEMPLATE.to_owned(), t)],
-            None => templates_from_config(config)?,
-        };
+        let mut templates = templates_from_config(config)?;
+        if let Some(t) = processor_template {
+            templates.push((PROCESSOR_TEMPLATE.to_owned(), t));
+        }
+        Self::build(tokenizer, config, templates)
+    }
+
+    fn build(tokenizer: Tokenizer, config: &Json, templates: Vec<(String, String)>) -> Result<PromptModel, String> {
+        let templates: Vec<(String, String)> =
+            templates.into_iter().map(|(n, t)| (n, env::without_generation_tags(&t))).collect();
         let env = env::build(&templates).map_err(|e| format!("template does not compile: {e:#}"))?;
-        let mut special_tokens = Vec::new();
-        for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
-            if let Some(text) = config.get(key).and_then(token_text) {
-                special_tokens.push((key.to_owned(), Value::from(text)));
-            }
-        }
-        if let Some(list) = config.get("additional_special_tokens").and_then(Json::as_array) {
-            let texts: Vec<Value> = list.iter().filter_map(token_text).map(Value::from).collect();
-            if !texts.is_empty() {
-                special_tokens.push(("additional_special_tokens".to_owned(), Value::from(texts)));
-            }
-        }
+        let infos = templates.iter().map(|(n, t)| TemplateInfo::new(n, t)).collect();
         Ok(PromptModel {
             inner: Arc::new(Inner {
                 segments: segments::SegmentEncoder::new(&tokenizer),
                 tokenizer,
                 env,
-                template_names: templates.into_iter().map(|(n, _)| n).collect(),
-                special_tokens,
+                templates: infos,
+                special_tokens: special_tokens(config),
+                forced_format: None,
             }),
         })
     }
 
-    /// Renders the chat template for an OpenAI chat request: `messages`, `tools`,
-    /// `add_generation_prompt` (default true), `continue_final_message` (default false) and
-    /// `chat_template_kwargs`, with the same variables HF's `apply_chat_template` passes.
-    pub fn render_chat(&self, request: &Request<'_>) -> Result<String, PromptError> {
-        let add_generation_prompt = bool_field(request, "add_generation_prompt")?.unwrap_or(true);
-        let continue_final = bool_field(request, "continue_final_message")?.unwrap_or(false);
-        if add_generation_prompt && continue_final {
+    /// The same model with an operator's choices: a template that replaces every other one (vLLM's
+    /// `--chat-template`) and a forced content format (vLLM's `--chat-template-content-format`).
+    pub fn with_overrides(
+        &self,
+        template: Option<&str>,
+        format: Option<ContentFormat>,
+    ) -> Result<PromptModel, PromptError> {
+        let mut templates: Vec<(String, String)> = Vec::new();
+        for info in &self.inner.templates {
+            let source = self.inner.env.get_template(&info.name).map(|t| t.source().to_owned());
+            templates.push((info.name.clone(), source.map_err(|e| PromptError::TemplateFailed(e.to_string()))?));
+        }
+        if let Some(t) = template {
+            templates.push((EXPLICIT_TEMPLATE.to_owned(), t.to_owned()));
+        }
+        let env = env::build(
+            &templates.iter().map(|(n, t)| (n.clone(), env::without_generation_tags(t))).collect::<Vec<_>>(),
+        )
+        .map_err(|e| PromptError::TemplateFailed(format!("chat_template does not compile: {e:#}")))?;
+        let infos = templates.iter().map(|(n, t)| TemplateInfo::new(n, t)).collect();
+        let inner = &self.inner;
+        Ok(PromptModel {
+            inner: Arc::new(Inner {
+                tokenizer: inner.tokenizer.clone(),
+                segments: segments::SegmentEncoder::new(&inner.tokenizer),
+                env,
+                templates: infos,
+                special_tokens: inner.special_tokens.clone(),
+                forced_format: format,
+            }),
+        })
+    }
+
+    /// Renders the chat template for an OpenAI chat request as vLLM does: the template resolved for
+    /// the request (an explicit one; else the processor's when the request has no tools; else the
+    /// tokenizer's `tool_use`/`default`), the conversation normalised in that template's content format
+    /// (see `conversation`), and the variables transformers passes (`messages`, `tools`, `documents`,
+    /// `add_generation_prompt`, the special tokens, and `chat_template_kwargs` merged with the request's
+    /// top-level `add_generation_prompt`, `continue_final_message`, `documents` and `reasoning_effort`).
+    pub fn render_chat(&self, request: &Request<'_>, opts: &RenderOptions<'_>) -> Result<String, PromptError> {
+        let kwargs = TemplateKwargs::from_request(request)?;
+        let info = self.resolve_template(kwargs.tools.is_none())?;
+        let shape = conversation::Shape {
+            format: self.inner.forced_format.unwrap_or(info.format),
+            placeholder: opts.image_placeholder,
+            knows_developer: info.knows_developer,
+        };
+        let continue_final = kwargs.flag("continue_final_message");
+        if continue_final && !info.mentions_content {
             return Err(PromptError::InvalidRequest(
-                "`add_generation_prompt` and `continue_final_message` cannot both be true".into(),
+                "continue_final_message needs a template that reads message content".into(),
             ));
         }
-        let messages = context::messages(&request.messages)?;
-        let tools = request.field("tools").map(context::tools).transpose()?;
-        let has_tools = tools.as_ref().is_some_and(|t| t.len().unwrap_or(0) > 0);
-        let name = self.template_name(has_tools)?;
-
+        let messages = conversation::messages(&request.messages, &shape, continue_final.then_some(CONTINUE_TAG))?;
         let mut ctx: Vec<(String, Value)> = self.inner.special_tokens.clone();
-        // HF always passes these (as None when absent): `tools is none` must hold without tools.
-        ctx.push(("tools".into(), tools.unwrap_or(Value::from(()))));
-        let documents = request.field("documents").map_or(Value::from(()), |d| Value::from(Serde(d)));
-        ctx.push(("documents".into(), documents));
-        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
-        match request.field("chat_template_kwargs") {
-            None => {}
-            Some(Json::Object(kwargs)) => {
-                for (k, v) in kwargs.iter().filter(|(k, _)| k.as_str() != "messages") {
-                    ctx.push((k.clone(), Value::from(Serde(v))));
-                }
-            }
-            Some(_) => return Err(PromptError::InvalidRequest("`chat_template_kwargs` must be an object".into())),
-        }
-        ctx.push(("messages".into(), messages));
-        let template = self.inner.env.get_template(name).map_err(|e| PromptError::TemplateFailed(e.to_string()))?;
+        ctx.extend(kwargs.into_context(messages)?);
+        let template =
+            self.inner.env.get_template(&info.name).map_err(|e| PromptError::TemplateFailed(e.to_string()))?;
         let text =
             template.render(Value::from_pairs(ctx)).map_err(|e| PromptError::TemplateFailed(format!("{e:#}")))?;
         if continue_final {
-            return cut_after_final_message(text, request);
+            return cut_at_continue_tag(text);
         }
         Ok(text)
     }
 
-    fn template_name(&self, has_tools: bool) -> Result<&str, PromptError> {
-        let names = &self.inner.template_names;
-        let find = |n: &str| names.iter().find(|x| x.as_str() == n).map(String::as_str);
-        if has_tools {
-            if let Some(n) = find(TOOL_USE_TEMPLATE) {
-                return Ok(n);
-            }
-        }
-        find(DEFAULT_TEMPLATE).ok_or_else(|| {
+    /// vLLM's `resolve_chat_template`: explicit, else the processor's (requests without tools only),
+    /// else the tokenizer's (`tool_use` when the request has tools and it exists, else `default`).
+    fn resolve_template(&self, no_tools: bool) -> Result<&TemplateInfo, PromptError> {
+        let find = |n: &str| self.inner.templates.iter().find(|t| t.name == n);
+        let explicit = find(EXPLICIT_TEMPLATE);
+        let processor = if no_tools { find(PROCESSOR_TEMPLATE) } else { None };
+        let tool_use = if no_tools { None } else { find(TOOL_USE_TEMPLATE) };
+        explicit.or(processor).or(tool_use).or_else(|| find(DEFAULT_TEMPLATE)).ok_or_else(|| {
+            let names: Vec<&str> = self.inner.templates.iter().map(|t| t.name.as_str()).collect();
             PromptError::TemplateFailed(if names.is_empty() {
                 "the model has no chat template".into()
             } else {
@@ -298,6 +358,75 @@ fn token_text(v: &Json) -> Option<&str> {
     v.as_str().or_else(|| v.get("content").and_then(Json::as_str))
 }
 
+/// The template's variables besides `messages` and the special tokens, assembled as vLLM assembles
+/// them (`build_chat_params` + `merge_kwargs`): the request's `chat_template_kwargs`, overridden by its
+/// top-level `add_generation_prompt`, `continue_final_message`, `documents` and `reasoning_effort`
+/// (null or `"auto"` values do not override); `tools` from the request unless the kwargs set it.
+struct TemplateKwargs {
+    tools: Option<Json>,
+    vars: Map<String, Json>,
+}
+
+impl TemplateKwargs {
+    fn from_request(req: &Request<'_>) -> Result<TemplateKwargs, PromptError> {
+        let invalid = |why: String| PromptError::InvalidRequest(why);
+        let mut vars = match req.field("chat_template_kwargs") {
+            None => Map::new(),
+            Some(Json::Object(kw)) => kw.clone(),
+            Some(_) => return Err(invalid("`chat_template_kwargs` must be an object".into())),
+        };
+        if let Some(k) = FORBIDDEN_KWARGS.iter().find(|k| vars.contains_key(**k)) {
+            return Err(invalid(format!("chat_template_kwargs.{k} is not accepted")));
+        }
+        if req.field("chat_template").is_some() {
+            // vLLM refuses a request's own template unless started with --trust-request-chat-template.
+            return Err(invalid("a request `chat_template` is refused by vLLM by default".into()));
+        }
+        let add_generation_prompt = bool_field(req, "add_generation_prompt")?.unwrap_or(true);
+        let continue_final = bool_field(req, "continue_final_message")?.unwrap_or(false);
+        if add_generation_prompt && continue_final {
+            return Err(invalid("`add_generation_prompt` and `continue_final_message` cannot both be true".into()));
+        }
+        vars.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        vars.insert("continue_final_message".into(), continue_final.into());
+        if let Some(d) = req.field("documents") {
+            vars.insert("documents".into(), d.clone());
+        }
+        if let Some(effort) = req.field("reasoning_effort").filter(|v| v.as_str() != Some("auto")) {
+            if !vars.contains_key("enable_thinking") {
+                vars.insert("enable_thinking".into(), (effort.as_str() != Some("none")).into());
+            }
+            vars.insert("reasoning_effort".into(), effort.clone());
+        }
+        let tools = match vars.remove("tools") {
+            Some(t) => Some(t).filter(|t| !t.is_null()),
+            None => match req.field("tools") {
+                Some(Json::Array(list)) if list.is_empty() => None,
+                Some(t) => Some(t.clone()),
+                None => None,
+            },
+        };
+        Ok(TemplateKwargs { tools, vars })
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.vars.get(key).and_then(Json::as_bool).unwrap_or(false)
+    }
+
+    /// The context entries after the special tokens (later entries override earlier ones).
+    fn into_context(self, messages: Value) -> Result<Vec<(String, Value)>, PromptError> {
+        // transformers always passes these, as None when absent: `tools is none` must hold without tools.
+        let tools = match &self.tools {
+            Some(t) => conversation::tools(t)?,
+            None => Value::from(()),
+        };
+        let mut ctx = vec![("tools".to_owned(), tools), ("documents".to_owned(), Value::from(()))];
+        ctx.extend(self.vars.into_iter().map(|(k, v)| (k, Value::from(Serde(&v)))));
+        ctx.push(("messages".to_owned(), messages));
+        Ok(ctx)
+    }
+}
+
 fn bool_field(request: &Request<'_>, key: &str) -> Result<Option<bool>, PromptError> {
     match request.field(key) {
         None => Ok(None),
@@ -306,44 +435,61 @@ fn bool_field(request: &Request<'_>, key: &str) -> Result<Option<bool>, PromptEr
     }
 }
 
-/// transformers' `continue_final_message`: cut the rendered text right after the final
-/// message's content, keeping its trailing whitespace only if the template kept it.
-fn cut_after_final_message(text: String, request: &Request<'_>) -> Result<String, PromptError> {
-    let last = request.messages.as_ref().ok().and_then(|m| m.last()).and_then(|m| m.content());
-    let final_text = match last {
-        Some(Entry::Json(Json::String(s))) => s.as_str(),
-        Some(Entry::Parts(parts)) => parts.iter().rev().find_map(part_text).ok_or_else(|| {
-            PromptError::InvalidRequest("continue_final_message: the final message has no text part".into())
-        })?,
-        _ => {
-            return Err(PromptError::InvalidRequest("continue_final_message: the final message has no content".into()))
-        }
-    };
-    let stripped = final_text.trim_matches(py_is_space);
-    let left_stripped = final_text.trim_start_matches(py_is_space);
-    let loc = text.rfind(stripped).ok_or_else(|| {
+/// transformers 5's `continue_final_message`: the final message carried [`CONTINUE_TAG`]; cut the
+/// rendered text right before it (keeping the content's trailing whitespace), or, if the template
+/// trimmed the tag's space, before the bare tag with trailing whitespace stripped.
+fn cut_at_continue_tag(mut text: String) -> Result<String, PromptError> {
+    if let Some(at) = text.rfind(CONTINUE_TAG) {
+        text.truncate(at);
+        return Ok(text);
+    }
+    let bare = CONTINUE_TAG.trim_end();
+    let at = text.rfind(bare).ok_or_else(|| {
         PromptError::TemplateFailed(
             "continue_final_message: the final message does not appear in the rendered chat".into(),
         )
     })?;
-    let keep =
-        if text.get(loc..loc + left_stripped.len()) == Some(final_text) { left_stripped.len() } else { stripped.len() };
-    let mut text = text;
-    text.truncate(loc + keep);
+    text.truncate(at);
+    let kept = text.trim_end_matches(py_is_space).len();
+    text.truncate(kept);
     Ok(text)
-}
-
-/// The `text` of an object part, if it has one.
-fn part_text(part: &Part) -> Option<&str> {
-    match part {
-        Part::Object(fields) => fields.iter().find(|(k, _)| k == "text").and_then(|(_, v)| v.as_str()),
-        _ => None,
-    }
 }
 
 /// Python's `str.isspace` (Rust's `char::is_whitespace` lacks U+001C–U+001F).
 fn py_is_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// The special tokens transformers 5 passes to a template: `bos_token`, `eos_token`, `unk_token`,
+/// `pad_token`, `mask_token` and the model's named `extra_special_tokens` (e.g. Gemma 3's
+/// `boi_token`, `image_token`), as strings.
+fn special_tokens(config: &Json) -> Vec<(String, Value)> {
+    let mut out: Vec<(String, Value)> = ["bos_token", "eos_token", "unk_token", "pad_token", "mask_token"]
+        .iter()
+        .filter_map(|k| config.get(*k).and_then(token_text).map(|t| ((*k).to_owned(), Value::from(t))))
+        .collect();
+    if let Some(extra) = config.get("extra_special_tokens").and_then(Json::as_object) {
+        for (k, v) in extra {
+            if let Some(t) = token_text(v) {
+                out.push((k.clone(), Value::from(t)));
+            }
+        }
+    }
+    out
+}
+
+/// `name` from `dir`, or `name.gz` decompressed; `None` when neither exists.
+fn read_maybe_gz(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, String> {
+    match std::fs::read(dir.join(name)) {
+        Ok(bytes) => return Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    match std::fs::read(dir.join(format!("{name}.gz"))) {
+        Ok(bytes) => gunzip(&bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
@@ -356,6 +502,40 @@ fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
         return Err(format!("decompressed tokenizer exceeds {MAX_TOKENIZER_BYTES} bytes"));
     }
     Ok(out)
+}
+
+/// Tokenizer classes whose transformers 5 implementation replaces the file's normalizer and
+/// pre-tokenizer with a SentencePiece-style `Metaspace` (`LlamaTokenizer`, also used for Mistral and
+/// LLaVA checkpoints), and the model types that select it when `tokenizer_class` is absent.
+const LLAMA_CLASSES: [&str; 2] = ["LlamaTokenizer", "LlamaTokenizerFast"];
+const LLAMA_MODEL_TYPES: [&str; 4] = ["llama", "llava", "llava_next", "mistral"];
+
+/// transformers 5 (what vLLM ≥ 0.30 runs) takes only the vocabulary and merges from `tokenizer.json`
+/// and builds the rest from the tokenizer class. For `LlamaTokenizer` that is: no normalizer, and a
+/// `Metaspace("▁")` pre-tokenizer that prepends to the first piece of the input only (`legacy=false`,
+/// `add_prefix_space=true` by default; `legacy=true` prepends to every piece, `add_prefix_space=false`
+/// to none). A file written for transformers 4 (a `Prepend` normalizer) would otherwise put a `▁`
+/// after every special token. Other classes keep the file as it is.
+fn transformers_architecture(json: Vec<u8>, config: &Json, model_type: Option<&str>) -> Result<Vec<u8>, String> {
+    let class = config.get("tokenizer_class").and_then(Json::as_str);
+    let llama = match class {
+        Some(c) => LLAMA_CLASSES.contains(&c),
+        None => model_type.is_some_and(|t| LLAMA_MODEL_TYPES.contains(&t)),
+    };
+    if !llama {
+        return Ok(json);
+    }
+    let flag = |key: &str, default: bool| config.get(key).and_then(Json::as_bool).unwrap_or(default);
+    let scheme = match (flag("add_prefix_space", true), flag("legacy", false)) {
+        (false, _) => "never",
+        (true, true) => "always",
+        (true, false) => "first",
+    };
+    let mut value: Json = serde_json::from_slice(&json).map_err(|e| e.to_string())?;
+    value["normalizer"] = Json::Null;
+    value["pre_tokenizer"] =
+        serde_json::json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": scheme, "split": false});
+    serde_json::to_vec(&value).map_err(|e| e.to_string())
 }
 
 /// Loads `tokenizer.json` bytes, first removing the named added tokens (for profiles whose real
@@ -390,17 +570,21 @@ mod tests {
     }
 
     #[test]
-    fn continue_final_keeps_or_drops_trailing_space() {
-        let body = br#"{"messages": [{"role": "assistant", "content": "Hi  "}]}"#;
-        let req = Request::parse(crate::request::Endpoint::Chat, body).unwrap();
-        // The template kept the trailing spaces: keep them.
-        let kept = cut_after_final_message("<a>Hi  </a>".into(), &req).unwrap();
-        assert_eq!(kept, "<a>Hi  ");
-        // The template trimmed them: cut right after the stripped text.
-        let trimmed = cut_after_final_message("<a>Hi</a>".into(), &req).unwrap();
-        assert_eq!(trimmed, "<a>Hi");
-        let missing = cut_after_final_message("<a>other</a>".into(), &req).unwrap_err();
+    fn continue_final_cuts_at_the_tag() {
+        // The template kept the content as is: cut right before the tag, trailing spaces kept.
+        assert_eq!(cut_at_continue_tag(format!("<a>Hi  {CONTINUE_TAG}</a>")).unwrap(), "<a>Hi  ");
+        // The template trimmed the content (and the tag's space): cut and strip.
+        assert_eq!(cut_at_continue_tag("<a>Hi  CONTINUE_FINAL_MESSAGE_TAG</a>".into()).unwrap(), "<a>Hi");
+        let missing = cut_at_continue_tag("<a>other</a>".into()).unwrap_err();
         assert_eq!(missing.label(), "template_failed");
+    }
+
+    #[test]
+    fn special_tokens_are_the_named_ones() {
+        let config = serde_json::json!({"bos_token": "<bos>", "eos_token": {"content": "<eot>"}, "pad_token": null,
+            "additional_special_tokens": ["<x>"], "extra_special_tokens": {"image_token": "<img>"}});
+        let names: Vec<String> = special_tokens(&config).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(names, ["bos_token=<bos>", "eos_token=<eot>", "image_token=<img>"]);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! most expensive step of planning (~0.8 µs per token), so repeated pieces are served from a cache.
 //!
 //! The split is only reproduced when every added token matches literally (no `lstrip`, `rstrip`,
-//! `single_word` or `normalized`); otherwise the cache is off and whole strings are encoded.
+//! `single_word` or `normalized`) and the normalizer and pre-tokenizer treat every piece alike; a
+//! tokenizer that prepends a word marker to the *first* piece only (SentencePiece-style `Prepend` /
+//! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those the cache is off
+//! and whole strings are encoded.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,11 +55,22 @@ impl Generations {
     }
 }
 
+/// Whether encoding a piece alone gives the ids it gets inside a longer text: not so when the
+/// normalizer or pre-tokenizer prepends a marker to the start of the input only.
+fn position_free(tokenizer: &Tokenizer) -> bool {
+    let json = |v: Option<String>| v.unwrap_or_default();
+    let normalizer = json(tokenizer.get_normalizer().and_then(|n| serde_json::to_string(n).ok()));
+    let pre = json(tokenizer.get_pre_tokenizer().and_then(|p| serde_json::to_string(p).ok()));
+    let prepends = normalizer.contains("\"Prepend\"")
+        || (pre.contains("\"Metaspace\"") && !pre.contains("\"prepend_scheme\":\"never\""));
+    !prepends
+}
+
 impl SegmentEncoder {
     pub(crate) fn new(tokenizer: &Tokenizer) -> SegmentEncoder {
         let added = tokenizer.get_added_tokens_decoder();
         let literal = added.values().all(|t| !t.lstrip && !t.rstrip && !t.single_word && !t.normalized);
-        let splitter = (literal && !added.is_empty())
+        let splitter = (literal && !added.is_empty() && position_free(tokenizer))
             .then(|| {
                 let mut tokens: Vec<(&u32, &tokenizers::AddedToken)> = added.iter().collect();
                 tokens.sort_by_key(|(id, _)| **id);
@@ -68,6 +82,12 @@ impl SegmentEncoder {
             })
             .flatten();
         SegmentEncoder { splitter, cache: Mutex::new(Generations::default()) }
+    }
+
+    /// True when pieces are encoded one by one (the cache is in use).
+    #[cfg(test)]
+    pub(crate) fn splits(&self) -> bool {
+        self.splitter.is_some()
     }
 
     /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache.
@@ -114,6 +134,17 @@ mod tests {
     use super::*;
     use crate::prompt::PromptModel;
     use proptest::prelude::*;
+
+    #[test]
+    fn tokenizers_that_prepend_to_the_first_piece_are_encoded_whole() {
+        assert!(PromptModel::bundled("qwen3-vl").unwrap().inner.segments.splits());
+        let llava = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/parity/models/llava_1_5");
+        let llava = PromptModel::from_dir(std::path::Path::new(llava)).unwrap();
+        assert!(!llava.inner.segments.splits());
+        // After a special token no "▁" is prepended (transformers 5's Metaspace, prepend_scheme "first").
+        assert_eq!(llava.encode("<image>\nHi").unwrap(), llava.encode_with("<image>\nHi", false).unwrap());
+        assert_eq!(llava.encode("<image>\n").unwrap(), [32000, 13]);
+    }
 
     fn tokenizer() -> Tokenizer {
         PromptModel::bundled("qwen3-vl").unwrap().tokenizer().clone()

@@ -11,6 +11,7 @@ mod media_fuzz;
 mod media_http;
 mod media_probes;
 mod media_ssrf;
+mod parity;
 mod plan;
 mod prompt_parity;
 mod request_parse;

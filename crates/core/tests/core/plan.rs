@@ -12,7 +12,7 @@ use serde_json::json;
 /// Renders and tokenizes a chat request given as JSON (through the real parse).
 fn tokenize_chat(model: &PromptModel, request: &serde_json::Value, placeholder: &str) -> Result<ChatTokens, PlanError> {
     let body = serde_json::to_vec(request).unwrap();
-    plan::tokenize_chat(model, &Request::parse(Endpoint::Chat, &body).unwrap(), placeholder)
+    plan::tokenize_chat(model, &Request::parse(Endpoint::Chat, &body).unwrap(), placeholder, &Default::default())
 }
 
 fn tokenize_completion(model: &PromptModel, request: &serde_json::Value) -> Result<Vec<u32>, PlanError> {
@@ -105,7 +105,7 @@ fn multi_part_runs_expand_in_order() {
     let parts = [run(img, 3), run(brk, 1), run(img, 3), run(end, 1), run("\n\n", 2)];
     let newline = model.encode("\n\n").unwrap();
     assert_eq!(newline.len(), 1, "\\n\\n is one Qwen token");
-    let tokens = ChatTokens { ids: vec![10, 11, id(PAD), 12], placeholders: vec![2] };
+    let tokens = ChatTokens { ids: vec![10, 11, id(PAD), 12], placeholders: vec![2], text: String::new() };
     let out = expand(&model, &tokens, &[(7, &parts)]).unwrap();
     let (i, b, e, nl) = (id(img), id(brk), id(end), newline[0]);
     assert_eq!(out.ids, [10, 11, i, i, i, b, i, i, i, e, nl, nl, 12]);
@@ -123,9 +123,9 @@ fn multi_part_runs_expand_in_order() {
 fn malformed_chat_tokens_are_rejected_not_panicking() {
     let model = model();
     let one = [run(PAD, 1)];
-    let out_of_range = ChatTokens { ids: vec![1, 2], placeholders: vec![5] };
+    let out_of_range = ChatTokens { ids: vec![1, 2], placeholders: vec![5], text: String::new() };
     assert_eq!(expand(&model, &out_of_range, &[(1, &one)]).unwrap_err().label(), "invalid_request");
-    let unordered = ChatTokens { ids: vec![1, 2, 3], placeholders: vec![2, 1] };
+    let unordered = ChatTokens { ids: vec![1, 2, 3], placeholders: vec![2, 1], text: String::new() };
     assert_eq!(expand(&model, &unordered, &[(1, &one), (2, &one)]).unwrap_err().label(), "invalid_request");
 }
 

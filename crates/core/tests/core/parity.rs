@@ -1,0 +1,190 @@
+//! Token-for-token parity with vLLM's chat rendering, family by family, on the real chat templates
+//! and tokenizers (`tests/fixtures/parity/`, provenance in each `PROVENANCE.json`).
+//!
+//! The expected ids were produced once by `tests/fixtures/parity/tools/gen_expected.py`: each chat of
+//! `chats.json` normalised as vLLM 0.34 normalises it (`docs/vllm-chat-normalisation.md`), rendered by
+//! transformers 5.22 `apply_chat_template`, tokenized by `tokenizers`; chats with images went through
+//! the model's HF *processor* on the real images, so the image expansions are checked too. Here every
+//! chat goes through the router's own pipeline (parse → intake → account → plan, with tracing on):
+//! where the expected outcome is `ok`, the router's plan must be exact and its ids and image spans
+//! equal; where vLLM rejects the chat (or the processor fails), the router must not claim an exact
+//! prompt — it routes by load or on a text prefix, with a reason.
+
+use std::path::PathBuf;
+
+use base64::Engine;
+use mmrouter_core::media::MediaConfig;
+use mmrouter_core::model::{ModelSource, ModelSpec};
+use mmrouter_core::pipeline::{Pipeline, PipelineConfig, Planned, Route};
+use mmrouter_core::prompt::PromptModel;
+use mmrouter_core::request::{Endpoint, Request};
+use serde_json::Value;
+
+fn parity_dir() -> PathBuf {
+    crate::fixtures().join("parity")
+}
+
+fn read_json(path: PathBuf) -> Value {
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// The corpus request `name`, with each `asset:<file>` URL replaced by a data URL of that image.
+fn body(name: &str) -> Vec<u8> {
+    let corpus = read_json(parity_dir().join("chats.json"));
+    let chat = corpus["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).expect("chat in corpus");
+    let mut request = chat["request"].clone();
+    inline_assets(&mut request);
+    serde_json::to_vec(&request).unwrap()
+}
+
+fn inline_assets(v: &mut Value) {
+    match v {
+        Value::String(s) if s.starts_with("asset:") => {
+            let file = &s["asset:".len()..];
+            let bytes = std::fs::read(crate::fixtures().join("images").join(file)).unwrap();
+            let mime = match file.rsplit('.').next() {
+                Some("jpg") => "image/jpeg",
+                Some(ext) => &format!("image/{ext}"),
+                None => "application/octet-stream",
+            };
+            *s = format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes));
+        }
+        Value::Array(items) => items.iter_mut().for_each(inline_assets),
+        Value::Object(map) => map.values_mut().for_each(inline_assets),
+        _ => {}
+    }
+}
+
+fn pipeline(source: ModelSource) -> Pipeline {
+    let cfg = PipelineConfig { model: ModelSpec::new(source), media: MediaConfig::default() };
+    Pipeline::new(&cfg).expect("pipeline loads")
+}
+
+fn plan(rt: &tokio::runtime::Runtime, p: &Pipeline, body: &[u8]) -> Planned {
+    let request = Request::parse(Endpoint::Chat, body).unwrap();
+    rt.block_on(p.plan_with(&request, true)).expect("no policy rejection")
+}
+
+/// Checks every chat of `expected/<family>.json` against the pipeline; returns how many were exact.
+fn check_family(family: &str, p: &Pipeline) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let expected = read_json(parity_dir().join("expected").join(format!("{family}.json")));
+    let mut failures = Vec::new();
+    let mut exact = 0;
+    for chat in expected["chats"].as_array().unwrap() {
+        let name = chat["name"].as_str().unwrap();
+        let planned = plan(&rt, p, &body(name));
+        let trace = planned.trace.as_ref().expect("trace requested");
+        let plan = &planned.plan;
+        if chat["outcome"] != "ok" {
+            // vLLM answers 400 (or its processor fails): the router must not claim this prompt.
+            if plan.prompt_exact {
+                failures.push(format!("{name}: vLLM rejects it ({}) but the plan is exact", chat["outcome"]));
+            }
+            continue;
+        }
+        let want: Vec<u32> = serde_json::from_value(chat["ids"].clone()).unwrap();
+        if !plan.prompt_exact || trace.ids != want {
+            let text = trace.text.as_deref().unwrap_or("<none>");
+            failures.push(format!(
+                "{name}: route {} exact {}\n  want text {:?}\n  got  text {text:?}\n  want {} ids, got {}{}",
+                plan.route.label(),
+                plan.prompt_exact,
+                chat["text"].as_str().unwrap_or(""),
+                want.len(),
+                trace.ids.len(),
+                first_difference(&want, &trace.ids)
+            ));
+            continue;
+        }
+        let want_spans: Vec<(u64, u64)> = chat["image_spans"]
+            .as_array()
+            .map(|s| s.iter().map(|x| (x["offset"].as_u64().unwrap(), x["length"].as_u64().unwrap())).collect())
+            .unwrap_or_default();
+        let spans: Vec<(u64, u64)> = trace.spans.iter().map(|s| (u64::from(s.offset), u64::from(s.len))).collect();
+        if spans != want_spans {
+            failures.push(format!("{name}: image spans {spans:?}, want {want_spans:?}"));
+            continue;
+        }
+        let route = if want_spans.is_empty() { Route::NoMedia } else { Route::Exact };
+        assert_eq!(plan.route, route, "{family}/{name}");
+        exact += 1;
+    }
+    assert!(failures.is_empty(), "{family}: {} chat(s) differ:\n{}", failures.len(), failures.join("\n"));
+    exact
+}
+
+fn first_difference(want: &[u32], got: &[u32]) -> String {
+    match want.iter().zip(got).position(|(a, b)| a != b) {
+        Some(i) => format!(" (first difference at {i}: want {} got {})", want[i], got[i]),
+        None => String::new(),
+    }
+}
+
+#[test]
+fn qwen3_vl_is_token_exact() {
+    assert_bundled_template_is_published("qwen3-vl", "qwen3_vl");
+    assert_eq!(check_family("qwen3_vl", &pipeline(ModelSource::Bundled("qwen3-vl"))), 34);
+}
+
+#[test]
+fn qwen2_5_vl_is_token_exact() {
+    assert_bundled_template_is_published("qwen2.5-vl", "qwen2_5_vl");
+    assert_eq!(check_family("qwen2_5_vl", &pipeline(ModelSource::Bundled("qwen2.5-vl"))), 34);
+}
+
+#[test]
+fn gemma3_is_token_exact() {
+    let dir = parity_dir().join("models").join("gemma3");
+    assert_eq!(check_family("gemma3", &pipeline(ModelSource::Dir(dir))), 31);
+}
+
+#[test]
+fn llava_1_5_is_token_exact() {
+    let dir = parity_dir().join("models").join("llava_1_5");
+    assert_eq!(check_family("llava_1_5", &pipeline(ModelSource::Dir(dir))), 34);
+}
+
+/// The bundled profiles carry the checkpoints' published templates (the fixture copies, with provenance).
+fn assert_bundled_template_is_published(profile: &str, family: &str) {
+    let config: Value =
+        serde_json::from_slice(PromptModel::bundled_file(profile, "tokenizer_config.json").unwrap()).unwrap();
+    let published =
+        std::fs::read_to_string(parity_dir().join("models").join(family).join("chat_template.jinja")).unwrap();
+    assert_eq!(config["chat_template"].as_str(), Some(published.as_str()), "{profile}");
+}
+
+/// SmolVLM: only its template is obtainable (no tokenizer on a registry), so the rendered text is
+/// checked, with the special tokens transformers passes it.
+#[test]
+fn smolvlm_renders_the_same_text() {
+    let expected = read_json(parity_dir().join("expected").join("smolvlm.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let template = std::fs::read(parity_dir().join("models").join("smolvlm").join("chat_template.jinja")).unwrap();
+    std::fs::write(dir.path().join("chat_template.jinja"), &template).unwrap();
+    // As the checkpoint ships it: the special tokens, and the same template in the tokenizer's config
+    // (which vLLM uses for requests with tools).
+    let mut config = expected["meta"]["special_tokens_passed_to_template"].clone();
+    config["chat_template"] = String::from_utf8(template.clone()).unwrap().into();
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json.gz"),
+        PromptModel::bundled_file("qwen3-vl", "tokenizer.json.gz").unwrap(),
+    )
+    .unwrap();
+    let model = PromptModel::from_dir(dir.path()).unwrap();
+    let mut checked = 0;
+    for chat in expected["chats"].as_array().unwrap() {
+        let name = chat["name"].as_str().unwrap();
+        let body = body(name);
+        let rendered = model.render_chat(&Request::parse(Endpoint::Chat, &body).unwrap(), &Default::default());
+        match (chat["outcome"].as_str(), rendered) {
+            (Some("ok"), Ok(text)) => assert_eq!(Some(text.as_str()), chat["text"].as_str(), "{name}"),
+            (Some("ok"), Err(e)) => panic!("{name}: {e}"),
+            (_, Ok(text)) => panic!("{name}: vLLM rejects it but it rendered {text:?}"),
+            (_, Err(_)) => {}
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 36);
+}
