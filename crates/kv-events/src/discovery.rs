@@ -1,0 +1,277 @@
+//! Parsers for the engines' KV-event discovery endpoints. Pure functions: the caller performs the HTTP
+//! GET and hands over the body.
+//!
+//! * **vLLM** (0.33) `GET /kv_event_sources`: the resolved publisher per data-parallel rank, useful with
+//!   ephemeral ports (`tcp://*:0`). Snapshots answer either a bare array or `{"sources": [...]}`; each entry
+//!   has `data_parallel_rank`, `endpoint`, `replay_endpoint` (nullable) and `topic`. Endpoints may carry a
+//!   wildcard host (`0.0.0.0`, `*`), which is replaced by the worker's host.
+//! * **SGLang** `GET /server_info` (or `/get_server_info`): a `kv_events` object with `publisher`,
+//!   `endpoint_host`, `endpoint_port_base`, `topic`, `block_size`, `dp_size` and optionally
+//!   `replay_endpoint_port_base`, `load_endpoint_port_base`, `load_topic`. It is absent when events are off,
+//!   the page size is ≤ 0 or the endpoint is not TCP. Rank `r` uses `port_base + r`.
+//!
+//! Unknown fields are ignored everywhere.
+
+use serde_json::Value;
+
+use crate::endpoint::{self, EndpointError};
+use crate::feed::FeedConfig;
+
+/// Why a discovery document could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DiscoveryError {
+    /// The body is not JSON.
+    #[error("discovery body is not JSON: {0}")]
+    Json(String),
+    /// The JSON does not have the documented shape.
+    #[error("unexpected discovery document: {0}")]
+    Shape(&'static str),
+    /// An endpoint in the document is unusable.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+}
+
+impl DiscoveryError {
+    /// Snake_case label for metrics: `not_json`, `bad_shape` or `bad_endpoint`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            DiscoveryError::Json(_) => "not_json",
+            DiscoveryError::Shape(_) => "bad_shape",
+            DiscoveryError::Endpoint(_) => "bad_endpoint",
+        }
+    }
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, DiscoveryError> {
+    serde_json::from_slice(body).map_err(|e| DiscoveryError::Json(e.to_string()))
+}
+
+fn u32_field(
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+    what: &'static str,
+) -> Result<Option<u32>, DiscoveryError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().and_then(|v| u32::try_from(v).ok()).map(Some).ok_or(DiscoveryError::Shape(what)),
+    }
+}
+
+fn str_field<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    key: &str,
+    what: &'static str,
+) -> Result<Option<&'a str>, DiscoveryError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(DiscoveryError::Shape(what)),
+    }
+}
+
+/// Parses the body of vLLM's `GET /kv_event_sources` into one [`FeedConfig`] per rank, sorted by rank.
+pub fn parse_vllm_kv_event_sources(body: &[u8], worker_host: &str) -> Result<Vec<FeedConfig>, DiscoveryError> {
+    vllm_kv_event_sources(&parse_json(body)?, worker_host)
+}
+
+/// Same as [`parse_vllm_kv_event_sources`], from parsed JSON.
+pub fn vllm_kv_event_sources(doc: &Value, worker_host: &str) -> Result<Vec<FeedConfig>, DiscoveryError> {
+    let entries = match doc {
+        Value::Array(entries) => entries,
+        Value::Object(obj) => match obj.get("sources") {
+            Some(Value::Array(entries)) => entries,
+            _ => return Err(DiscoveryError::Shape("expected an array or {\"sources\": [...]}")),
+        },
+        _ => return Err(DiscoveryError::Shape("expected an array or {\"sources\": [...]}")),
+    };
+    let mut feeds = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let Value::Object(obj) = entry else {
+            return Err(DiscoveryError::Shape("source entry is not an object"));
+        };
+        if str_field(obj, "transport", "transport is not a string")?.is_some_and(|t| t != "zmq") {
+            continue;
+        }
+        let Some(ep) = str_field(obj, "endpoint", "endpoint is not a string")? else {
+            continue; // no publisher for this rank
+        };
+        let rank = u32_field(obj, "data_parallel_rank", "data_parallel_rank is not a u32")?
+            .unwrap_or(u32::try_from(index).unwrap_or(u32::MAX));
+        let replay = str_field(obj, "replay_endpoint", "replay_endpoint is not a string")?;
+        let topic = str_field(obj, "topic", "topic is not a string")?.unwrap_or("");
+        let mut cfg = FeedConfig::from_engine_config(worker_host, ep, replay, topic)?;
+        cfg.dp_rank = rank;
+        feeds.push(cfg);
+    }
+    feeds.sort_by_key(|f| f.dp_rank);
+    Ok(feeds)
+}
+
+/// SGLang's `kv_events` discovery object, resolved into feeds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SglangKvEvents {
+    /// One feed per DP rank (`0..dp_size`).
+    pub feeds: Vec<FeedConfig>,
+    /// Event block size (`page_size × dcp_size`), if reported.
+    pub block_size: Option<u32>,
+    /// Load-publisher endpoints per rank (`LoadStat` PUB streams; not decoded by this crate).
+    pub load_endpoints: Vec<String>,
+    /// Topic of the load stream (`"load"`), if reported.
+    pub load_topic: Option<String>,
+}
+
+/// Parses the body of SGLang's `GET /server_info`. `Ok(None)` when it has no usable `kv_events` object
+/// (absent, or the publisher is not `zmq`).
+pub fn parse_sglang_server_info(body: &[u8], worker_host: &str) -> Result<Option<SglangKvEvents>, DiscoveryError> {
+    let doc = parse_json(body)?;
+    let Value::Object(obj) = &doc else {
+        return Err(DiscoveryError::Shape("server_info is not an object"));
+    };
+    match obj.get("kv_events") {
+        None | Some(Value::Null) => Ok(None),
+        Some(kv) => sglang_kv_events(kv, worker_host),
+    }
+}
+
+/// Resolves SGLang's `kv_events` object itself. `Ok(None)` when the publisher is not `zmq`.
+pub fn sglang_kv_events(kv: &Value, worker_host: &str) -> Result<Option<SglangKvEvents>, DiscoveryError> {
+    let Value::Object(obj) = kv else {
+        return Err(DiscoveryError::Shape("kv_events is not an object"));
+    };
+    if str_field(obj, "publisher", "publisher is not a string")?.is_some_and(|p| p != "zmq") {
+        return Ok(None);
+    }
+    let host = str_field(obj, "endpoint_host", "endpoint_host is not a string")?
+        .ok_or(DiscoveryError::Shape("endpoint_host missing"))?;
+    let host = if endpoint::is_wildcard_host(host) { worker_host } else { host };
+    let base = u32_field(obj, "endpoint_port_base", "endpoint_port_base is not a port")?
+        .ok_or(DiscoveryError::Shape("endpoint_port_base missing"))?;
+    let replay_base = u32_field(obj, "replay_endpoint_port_base", "replay_endpoint_port_base is not a port")?;
+    let load_base = u32_field(obj, "load_endpoint_port_base", "load_endpoint_port_base is not a port")?;
+    let dp_size = u32_field(obj, "dp_size", "dp_size is not a u32")?.unwrap_or(1).max(1);
+    let topic = str_field(obj, "topic", "topic is not a string")?.unwrap_or("");
+    let port = |base: u32, rank: u32| -> Result<u16, DiscoveryError> {
+        match base.checked_add(rank).and_then(|p| u16::try_from(p).ok()) {
+            Some(0) | None => Err(DiscoveryError::Shape("port out of range")),
+            Some(p) => Ok(p),
+        }
+    };
+    let mut feeds = Vec::with_capacity(dp_size as usize);
+    let mut load_endpoints = Vec::new();
+    for rank in 0..dp_size {
+        let mut cfg = FeedConfig::new(endpoint::tcp_endpoint(host, port(base, rank)?)).with_topic(topic);
+        cfg.dp_rank = rank;
+        cfg.replay_endpoint =
+            replay_base.map(|b| port(b, rank).map(|p| endpoint::tcp_endpoint(host, p))).transpose()?;
+        feeds.push(cfg);
+        if let Some(b) = load_base {
+            load_endpoints.push(endpoint::tcp_endpoint(host, port(b, rank)?));
+        }
+    }
+    Ok(Some(SglangKvEvents {
+        feeds,
+        block_size: u32_field(obj, "block_size", "block_size is not a u32")?,
+        load_endpoints,
+        load_topic: str_field(obj, "load_topic", "load_topic is not a string")?.map(str::to_owned),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_bare_array() {
+        let body =
+            br#"[{"data_parallel_rank": 0, "endpoint": "tcp://10.0.0.1:5557", "replay_endpoint": null, "topic": ""}]"#;
+        let feeds = parse_vllm_kv_event_sources(body, "worker-a").unwrap();
+        assert_eq!(feeds.len(), 1);
+        assert_eq!(feeds[0].endpoint, "tcp://10.0.0.1:5557");
+        assert_eq!(feeds[0].replay_endpoint, None);
+        assert_eq!(feeds[0].topic, "");
+        assert_eq!(feeds[0].dp_rank, 0);
+    }
+
+    #[test]
+    fn vllm_envelope_with_wildcards_sorted_by_rank() {
+        let body = br#"{"sources": [
+            {"data_parallel_rank": 1, "endpoint": "tcp://0.0.0.0:41002", "replay_endpoint": null,
+             "topic": "kv-events", "extra": {"x": 1}},
+            {"data_parallel_rank": 0, "endpoint": "tcp://*:41001", "replay_endpoint": "tcp://0.0.0.0:41003",
+             "topic": "kv-events"}
+        ], "version": 2}"#;
+        let feeds = parse_vllm_kv_event_sources(body, "10.1.1.1").unwrap();
+        assert_eq!(feeds.iter().map(|f| f.dp_rank).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(feeds[0].endpoint, "tcp://10.1.1.1:41001");
+        assert_eq!(feeds[0].replay_endpoint.as_deref(), Some("tcp://10.1.1.1:41003"));
+        assert_eq!(feeds[1].endpoint, "tcp://10.1.1.1:41002");
+        assert_eq!(feeds[1].topic, "kv-events");
+    }
+
+    #[test]
+    fn vllm_ipv6_worker_host_and_skips() {
+        let body = br#"[{"endpoint": "tcp://[::]:5557"}, {"data_parallel_rank": 1, "endpoint": null},
+                        {"data_parallel_rank": 2, "transport": "nats", "endpoint": "nats://x"}]"#;
+        let feeds = parse_vllm_kv_event_sources(body, "fd00::2").unwrap();
+        assert_eq!(feeds.len(), 1);
+        assert_eq!(feeds[0].endpoint, "tcp://[fd00::2]:5557");
+    }
+
+    #[test]
+    fn vllm_errors() {
+        let err = |b: &[u8]| parse_vllm_kv_event_sources(b, "h").unwrap_err().label();
+        assert_eq!(err(b"not json"), "not_json");
+        assert_eq!(err(b"{}"), "bad_shape");
+        assert_eq!(err(b"[1]"), "bad_shape");
+        assert_eq!(err(br#"[{"endpoint": 5}]"#), "bad_shape");
+        assert_eq!(err(br#"[{"endpoint": "tcp://*:0"}]"#), "bad_endpoint");
+        assert_eq!(err(br#"[{"endpoint": "inproc://x"}]"#), "bad_endpoint");
+        assert_eq!(err(br#"[{"endpoint": "tcp://h:1", "data_parallel_rank": -1}]"#), "bad_shape");
+    }
+
+    #[test]
+    fn sglang_server_info() {
+        let body = br#"{"model_path": "m", "page_size": 16, "kv_events": {
+            "publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv",
+            "block_size": 32, "dp_size": 2, "replay_endpoint_port_base": 6557,
+            "load_endpoint_port_base": 7557, "load_topic": "load", "future_field": true}}"#;
+        let kv = parse_sglang_server_info(body, "10.0.0.9").unwrap().unwrap();
+        assert_eq!(kv.block_size, Some(32));
+        assert_eq!(kv.feeds.len(), 2);
+        assert_eq!(kv.feeds[1].endpoint, "tcp://10.0.0.9:5558");
+        assert_eq!(kv.feeds[1].replay_endpoint.as_deref(), Some("tcp://10.0.0.9:6558"));
+        assert_eq!(kv.feeds[1].dp_rank, 1);
+        assert_eq!(kv.feeds[0].topic, "kv");
+        assert_eq!(kv.load_endpoints, vec!["tcp://10.0.0.9:7557", "tcp://10.0.0.9:7558"]);
+        assert_eq!(kv.load_topic.as_deref(), Some("load"));
+    }
+
+    #[test]
+    fn sglang_minimal_and_absent() {
+        let body = br#"{"kv_events": {"endpoint_host": "worker-3", "endpoint_port_base": 5557}}"#;
+        let kv = parse_sglang_server_info(body, "ignored").unwrap().unwrap();
+        assert_eq!(kv.feeds.len(), 1);
+        assert_eq!(kv.feeds[0].endpoint, "tcp://worker-3:5557");
+        assert_eq!(kv.feeds[0].replay_endpoint, None);
+        assert_eq!(kv.block_size, None);
+        assert!(kv.load_endpoints.is_empty());
+        assert_eq!(parse_sglang_server_info(br#"{"page_size": 1}"#, "h").unwrap(), None);
+        assert_eq!(parse_sglang_server_info(br#"{"kv_events": null}"#, "h").unwrap(), None);
+        let null_pub = br#"{"kv_events": {"publisher": "null", "endpoint_host": "h", "endpoint_port_base": 1}}"#;
+        assert_eq!(parse_sglang_server_info(null_pub, "h").unwrap(), None);
+    }
+
+    #[test]
+    fn sglang_errors() {
+        let err = |b: &[u8]| parse_sglang_server_info(b, "h").unwrap_err().label();
+        assert_eq!(err(b"[]"), "bad_shape");
+        assert_eq!(err(br#"{"kv_events": 1}"#), "bad_shape");
+        assert_eq!(err(br#"{"kv_events": {"endpoint_port_base": 1}}"#), "bad_shape");
+        assert_eq!(err(br#"{"kv_events": {"endpoint_host": "h"}}"#), "bad_shape");
+        assert_eq!(
+            err(br#"{"kv_events": {"endpoint_host": "h", "endpoint_port_base": 65535, "dp_size": 2}}"#),
+            "bad_shape"
+        );
+        assert_eq!(err(b"{"), "not_json");
+    }
+}

@@ -1,0 +1,456 @@
+//! One KV-event feed: a ZMQ subscription to a single publisher (one worker × one data-parallel rank).
+//!
+//! [`spawn_feed`] starts a tokio task that
+//!
+//! 1. connects a SUB socket to [`FeedConfig::endpoint`] and subscribes to [`FeedConfig::topic`]
+//!    (reconnecting on its own when the publisher goes away, see below);
+//! 2. reads `[topic, seq (8 bytes BE), payload]` messages and tracks `seq`:
+//!    * the first message triggers a replay from 0 when a replay endpoint is configured (the SUB may have
+//!      missed the first batches: "slow joiner");
+//!    * a gap triggers a replay from `last + 1` through a DEALER connected to the engine's replay ROUTER;
+//!      live messages received meanwhile are buffered and applied afterwards without duplicates;
+//!    * an unfillable gap (no replay endpoint, replay failed or timed out, ring too short) yields
+//!      [`FeedEvent::Reset`] with [`ResetReason::Resync`];
+//!    * `seq <= last` yields [`ResetReason::Restart`];
+//!    * after the connection was lost, the next message yields [`ResetReason::Restart`] or (with
+//!      [`FeedConfig::reset_on_reconnect`], the default) [`ResetReason::Reconnect`];
+//! 3. decodes payloads with [`crate::decode`] and sends [`FeedEvent`]s on a bounded channel. A full channel
+//!    applies backpressure to the socket; the engine's PUB then drops and the feed replays the gap.
+//!
+//! Counters (messages, malformed, gaps, replays, resyncs, restarts, …) are readable at any time through
+//! [`FeedHandle::stats`]; the caller turns them into metrics. Dropping the [`FeedHandle`] stops the task.
+//!
+//! **Reconnects.** `zeromq` 0.7 SUB sockets reconnect and resubscribe by themselves, but with a backoff
+//! that grows to 30 s and is not configurable. The feed therefore also recreates the socket itself when
+//! the connection stays down longer than [`FeedConfig::reconnect_interval_max`], retrying with its own
+//! capped backoff.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::decode::{DecodeError, EventBatch};
+use crate::endpoint::{self, Endpoint, EndpointError};
+
+pub mod replay;
+mod task;
+mod tracker;
+
+#[cfg(test)]
+mod socket_tests;
+
+pub use replay::ReplayError;
+
+/// Configuration of one feed (one publisher).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeedConfig {
+    /// Publisher endpoint to connect to, `tcp://host:port` (or `ipc://path`).
+    pub endpoint: String,
+    /// Replay ROUTER endpoint, if the engine was started with `replay_endpoint`.
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to (`""` = everything).
+    pub topic: String,
+    /// Data-parallel rank of this publisher (informational; batches carry their own rank too).
+    pub dp_rank: u32,
+    /// How long to wait for each replay reply (and for the replay connection) before giving up.
+    pub replay_timeout: Duration,
+    /// How long one connection attempt of the SUB socket may take.
+    pub connect_timeout: Duration,
+    /// Cap of the feed's own reconnect backoff, and how long a lost connection may stay down before the
+    /// socket is recreated.
+    pub reconnect_interval_max: Duration,
+    /// Capacity of the [`FeedEvent`] channel.
+    pub channel_capacity: usize,
+    /// Live messages buffered while a replay runs; beyond this the replay is abandoned (resync). The
+    /// default equals the engines' default replay ring (`buffer_steps` = 10 000): a replay slower than that
+    /// many live batches could not be complete anyway.
+    pub max_replay_buffer: usize,
+    /// Emit [`ResetReason::Reconnect`] on the first message after a lost connection (see
+    /// [`ResetReason::Reconnect`]). Default `true`.
+    pub reset_on_reconnect: bool,
+}
+
+impl FeedConfig {
+    /// A configuration with defaults: no replay, topic `""`, rank 0, replay timeout 2 s, connect timeout
+    /// 2 s, reconnect backoff cap 5 s, channel capacity 1024, replay buffer 10 000, reset on reconnect.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        FeedConfig {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            dp_rank: 0,
+            replay_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            reconnect_interval_max: Duration::from_secs(5),
+            channel_capacity: 1024,
+            max_replay_buffer: 10_000,
+            reset_on_reconnect: true,
+        }
+    }
+
+    /// Sets the replay endpoint.
+    pub fn with_replay_endpoint(mut self, replay_endpoint: impl Into<String>) -> Self {
+        self.replay_endpoint = Some(replay_endpoint.into());
+        self
+    }
+
+    /// Sets the topic prefix.
+    pub fn with_topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = topic.into();
+        self
+    }
+
+    /// The configuration of data-parallel rank `rank`, given that `self` describes rank 0: the TCP ports
+    /// of the PUB and replay endpoints are offset by `rank` (vLLM's and SGLang's rule).
+    pub fn for_rank(&self, rank: u32) -> Result<FeedConfig, EndpointError> {
+        Ok(FeedConfig {
+            endpoint: endpoint::offset_port(&self.endpoint, rank)?,
+            replay_endpoint: self.replay_endpoint.as_deref().map(|r| endpoint::offset_port(r, rank)).transpose()?,
+            dp_rank: rank,
+            ..self.clone()
+        })
+    }
+
+    /// Expands a worker-level configuration (`self` = rank 0) with `data_parallel_size = n` into one feed
+    /// per rank `0..n`.
+    pub fn expand_data_parallel(&self, data_parallel_size: u32) -> Result<Vec<FeedConfig>, EndpointError> {
+        (0..data_parallel_size.max(1)).map(|rank| self.for_rank(rank)).collect()
+    }
+
+    /// Builds rank-0 configuration from the engine's own `--kv-events-config` values, replacing a wildcard
+    /// bind host (`tcp://*:5557`) with `worker_host`. Combine with [`FeedConfig::expand_data_parallel`].
+    pub fn from_engine_config(
+        worker_host: &str,
+        engine_endpoint: &str,
+        engine_replay_endpoint: Option<&str>,
+        topic: &str,
+    ) -> Result<FeedConfig, EndpointError> {
+        let mut cfg = FeedConfig::new(endpoint::connectable(engine_endpoint, worker_host)?).with_topic(topic);
+        cfg.replay_endpoint = engine_replay_endpoint.map(|r| endpoint::connectable(r, worker_host)).transpose()?;
+        Ok(cfg)
+    }
+
+    /// Checks that the configuration can be used.
+    pub fn validate(&self) -> Result<(), FeedConfigError> {
+        let check = |ep: &str| match Endpoint::parse(ep)? {
+            Endpoint::Tcp { port: 0, .. } => Err(EndpointError::EphemeralPort(ep.to_owned())),
+            ep if ep.is_wildcard() => Err(EndpointError::Unsupported(ep.to_string())),
+            _ => Ok(()),
+        };
+        check(&self.endpoint)?;
+        if let Some(r) = &self.replay_endpoint {
+            check(r)?;
+        }
+        if self.channel_capacity == 0 {
+            return Err(FeedConfigError::Invalid("channel_capacity must be > 0"));
+        }
+        if self.max_replay_buffer == 0 {
+            return Err(FeedConfigError::Invalid("max_replay_buffer must be > 0"));
+        }
+        if self.replay_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(FeedConfigError::Invalid("timeouts must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a [`FeedConfig`] was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FeedConfigError {
+    /// An endpoint is unusable.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Another setting is out of range.
+    #[error("invalid feed configuration: {0}")]
+    Invalid(&'static str),
+}
+
+/// Why the consumer must drop its state for this publisher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResetReason {
+    /// The seq went backwards: the publisher process restarted.
+    Restart,
+    /// Batches were lost and could not be replayed.
+    Resync,
+    /// The connection to the publisher was lost and re-established; the publisher may have restarted
+    /// and already published past the last seen seq, which seq numbers cannot reveal.
+    Reconnect,
+}
+
+impl ResetReason {
+    /// Snake_case label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            ResetReason::Restart => "restart",
+            ResetReason::Resync => "resync",
+            ResetReason::Reconnect => "reconnect",
+        }
+    }
+}
+
+/// A live message whose frames are not `[topic, seq (8 bytes), payload]`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Not exactly 3 frames.
+    #[error("expected 3 frames, got {0}")]
+    FrameCount(usize),
+    /// The seq frame is not 8 bytes.
+    #[error("seq frame has {0} bytes, expected 8")]
+    SeqLength(usize),
+}
+
+/// A message that was counted as malformed and skipped.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Malformed {
+    /// Bad framing (the seq, if any, is unknown and sequence tracking ignores the message).
+    #[error(transparent)]
+    Frames(#[from] FrameError),
+    /// Good framing, undecodable payload. Its seq still counts as received.
+    #[error(transparent)]
+    Payload(#[from] DecodeError),
+}
+
+impl Malformed {
+    /// Snake_case label for metrics: `bad_frames`, `bad_seq`, or the [`DecodeError::label`].
+    pub fn label(&self) -> &'static str {
+        match self {
+            Malformed::Frames(FrameError::FrameCount(_)) => "bad_frames",
+            Malformed::Frames(FrameError::SeqLength(_)) => "bad_seq",
+            Malformed::Payload(e) => e.label(),
+        }
+    }
+}
+
+/// What a feed reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeedEvent {
+    /// A decoded batch, in seq order.
+    Batch {
+        /// The publisher's seq of this batch.
+        seq: u64,
+        /// The batch.
+        batch: EventBatch,
+        /// Whether it came from the replay endpoint rather than the live stream.
+        replayed: bool,
+    },
+    /// Drop all state for this publisher; what follows starts afresh.
+    Reset {
+        /// Why.
+        reason: ResetReason,
+    },
+    /// A message was skipped (also counted in [`FeedStats::malformed`]). With `seq: Some(_)` the batch's
+    /// events are unknown, so the consumer's view may miss stores or removals; treat it like a reset if
+    /// that matters.
+    Malformed {
+        /// Its seq, when the framing was readable.
+        seq: Option<u64>,
+        /// What was wrong.
+        error: Malformed,
+    },
+}
+
+/// Shared atomic counters, written by the feed task.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub messages: AtomicU64,
+    pub replayed_messages: AtomicU64,
+    pub batches: AtomicU64,
+    pub events: AtomicU64,
+    pub malformed: AtomicU64,
+    pub gaps: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub replays: AtomicU64,
+    pub replay_failures: AtomicU64,
+    pub resyncs: AtomicU64,
+    pub restarts: AtomicU64,
+    pub reconnect_resets: AtomicU64,
+    pub disconnects: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub socket_recreations: AtomicU64,
+    /// `u64::MAX` = none.
+    pub last_seq: AtomicU64,
+    pub connected: AtomicBool,
+    pub history_complete: AtomicBool,
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Counters { last_seq: AtomicU64::new(u64::MAX), ..Default::default() }
+    }
+
+    pub(crate) fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> FeedStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let last = g(&self.last_seq);
+        FeedStats {
+            messages: g(&self.messages),
+            replayed_messages: g(&self.replayed_messages),
+            batches: g(&self.batches),
+            events: g(&self.events),
+            malformed: g(&self.malformed),
+            gaps: g(&self.gaps),
+            duplicates: g(&self.duplicates),
+            replays: g(&self.replays),
+            replay_failures: g(&self.replay_failures),
+            resyncs: g(&self.resyncs),
+            restarts: g(&self.restarts),
+            reconnect_resets: g(&self.reconnect_resets),
+            disconnects: g(&self.disconnects),
+            connect_failures: g(&self.connect_failures),
+            socket_recreations: g(&self.socket_recreations),
+            last_seq: (last != u64::MAX).then_some(last),
+            connected: self.connected.load(Ordering::Relaxed),
+            history_complete: self.history_complete.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A snapshot of a feed's counters (monotonic since the feed started) and state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedStats {
+    /// Live messages received (any framing).
+    pub messages: u64,
+    /// Data messages received from the replay endpoint.
+    pub replayed_messages: u64,
+    /// Batches delivered as [`FeedEvent::Batch`].
+    pub batches: u64,
+    /// Events inside delivered batches.
+    pub events: u64,
+    /// Messages skipped as malformed (bad framing or undecodable payload).
+    pub malformed: u64,
+    /// Sequence gaps detected on the live stream.
+    pub gaps: u64,
+    /// Messages dropped because their seq had already been delivered (replay/live overlap).
+    pub duplicates: u64,
+    /// Replay requests started (slow-joiner, gap, restart).
+    pub replays: u64,
+    /// Replays that failed (timeout, connect error, bad reply, buffer overflow).
+    pub replay_failures: u64,
+    /// [`ResetReason::Resync`] resets emitted.
+    pub resyncs: u64,
+    /// [`ResetReason::Restart`] resets emitted.
+    pub restarts: u64,
+    /// [`ResetReason::Reconnect`] resets emitted.
+    pub reconnect_resets: u64,
+    /// Times the publisher connection was lost.
+    pub disconnects: u64,
+    /// Failed connection attempts of the SUB socket.
+    pub connect_failures: u64,
+    /// Times the feed recreated its SUB socket after a long disconnect.
+    pub socket_recreations: u64,
+    /// Last seq delivered, if any since the last reset.
+    pub last_seq: Option<u64>,
+    /// Whether the SUB socket currently has a connection.
+    pub connected: bool,
+    /// Whether every batch since the publisher's seq 0 was delivered since the last reset.
+    pub history_complete: bool,
+}
+
+/// Handle of a running feed. Dropping it stops the feed task (and closes its sockets).
+#[derive(Debug)]
+pub struct FeedHandle {
+    task: JoinHandle<()>,
+    counters: Arc<Counters>,
+    config: Arc<FeedConfig>,
+}
+
+impl FeedHandle {
+    /// Current counters and state.
+    pub fn stats(&self) -> FeedStats {
+        self.counters.snapshot()
+    }
+
+    /// The configuration the feed runs with.
+    pub fn config(&self) -> &FeedConfig {
+        &self.config
+    }
+
+    /// Whether the task has ended (it ends when the event receiver is dropped).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stops the task and waits until it is gone.
+    pub async fn shutdown(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for FeedHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a feed on the current tokio runtime. Returns its handle and the receiver of its events.
+///
+/// # Panics
+/// When called outside a tokio runtime.
+pub fn spawn_feed(config: FeedConfig) -> Result<(FeedHandle, mpsc::Receiver<FeedEvent>), FeedConfigError> {
+    config.validate()?;
+    let (tx, rx) = mpsc::channel(config.channel_capacity);
+    let counters = Arc::new(Counters::new());
+    let config = Arc::new(config);
+    let task = tokio::spawn(task::run(config.clone(), counters.clone(), tx));
+    Ok((FeedHandle { task, counters, config }, rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expand_data_parallel_offsets_both_ports() {
+        let base = FeedConfig::new("tcp://w1:5557").with_replay_endpoint("tcp://w1:6557").with_topic("kv");
+        let feeds = base.expand_data_parallel(3).unwrap();
+        assert_eq!(feeds.len(), 3);
+        for (r, f) in feeds.iter().enumerate() {
+            assert_eq!(f.dp_rank, r as u32);
+            assert_eq!(f.endpoint, format!("tcp://w1:{}", 5557 + r));
+            assert_eq!(f.replay_endpoint.as_deref(), Some(format!("tcp://w1:{}", 6557 + r).as_str()));
+            assert_eq!(f.topic, "kv");
+        }
+        assert_eq!(base.expand_data_parallel(0).unwrap().len(), 1, "dp size 0 is treated as 1");
+        assert!(FeedConfig::new("tcp://w:65535").expand_data_parallel(2).is_err());
+        assert!(FeedConfig::new("ipc:///tmp/x").expand_data_parallel(2).is_err());
+        assert_eq!(FeedConfig::new("ipc:///tmp/x").expand_data_parallel(1).unwrap()[0].endpoint, "ipc:///tmp/x");
+    }
+
+    #[test]
+    fn from_engine_config_substitutes_wildcards() {
+        let cfg = FeedConfig::from_engine_config("10.0.0.7", "tcp://*:5557", Some("tcp://0.0.0.0:5600"), "t").unwrap();
+        assert_eq!(cfg.endpoint, "tcp://10.0.0.7:5557");
+        assert_eq!(cfg.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5600"));
+        assert_eq!(cfg.topic, "t");
+        let dp = cfg.expand_data_parallel(2).unwrap();
+        assert_eq!(dp[1].endpoint, "tcp://10.0.0.7:5558");
+        assert_eq!(dp[1].replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5601"));
+    }
+
+    #[test]
+    fn validation() {
+        assert!(FeedConfig::new("tcp://127.0.0.1:5557").validate().is_ok());
+        assert!(FeedConfig::new("tcp://*:5557").validate().is_err());
+        assert!(FeedConfig::new("tcp://h:0").validate().is_err());
+        assert!(FeedConfig::new("inproc://x").validate().is_err());
+        assert!(FeedConfig::new("tcp://h:1").with_replay_endpoint("bogus").validate().is_err());
+        let mut c = FeedConfig::new("tcp://h:1");
+        c.channel_capacity = 0;
+        assert_eq!(c.validate(), Err(FeedConfigError::Invalid("channel_capacity must be > 0")));
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(Malformed::from(FrameError::FrameCount(2)).label(), "bad_frames");
+        assert_eq!(Malformed::from(FrameError::SeqLength(4)).label(), "bad_seq");
+        assert_eq!(Malformed::from(DecodeError::BatchNotArray).label(), "batch_not_array");
+        assert_eq!(ResetReason::Resync.label(), "resync");
+    }
+}

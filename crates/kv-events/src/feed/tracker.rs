@@ -1,0 +1,593 @@
+//! Sans-IO sequence tracking for one publisher.
+//!
+//! The [`Tracker`] sees live messages, replayed messages, replay completion and disconnects, and answers
+//! with [`Action`]s: deliver an item, tell the consumer to reset, start or cancel a replay. The socket task
+//! in `task.rs` executes the actions; everything that decides *what* happens lives here and is tested
+//! without sockets.
+//!
+//! Rules (seq = the publisher's per-process batch counter, `last` = the last seq handed to the consumer):
+//!
+//! * first message (nothing delivered yet): seq 0 → deliver; otherwise, with a replay endpoint, replay from
+//!   0 (slow joiner) and buffer live messages until the replay ends; without one, deliver.
+//! * `seq == last + 1` → deliver.
+//! * `seq > last + 1` (gap) → replay from `last + 1` while buffering live messages; without a replay
+//!   endpoint → `Reset(Resync)` and continue from `seq`.
+//! * `seq <= last` → the publisher restarted → `Reset(Restart)`, then treat as a first message.
+//! * replayed or buffered messages are applied in order: `seq <= last` is a duplicate (skipped), a hole
+//!   → `Reset(Resync)` (the replay ring did not reach back far enough, or the replay failed) — but only if
+//!   something had been delivered; a first sync that cannot reach seq 0 just marks history incomplete.
+//! * a hole inside the live buffer after a successful replay that delivered something is a new gap
+//!   (published after the replay request was served) → replay again; a replay without progress resyncs.
+//! * after the SUB lost its connection, the first message decides: `seq <= last` → `Reset(Restart)`;
+//!   otherwise, with `reset_on_reconnect`, `Reset(Reconnect)` (a restarted publisher may already have
+//!   published past `last`, which seq numbers alone cannot reveal); then it is treated as a first message.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::{Counters, ResetReason};
+
+/// What the socket task must do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Action<T> {
+    /// Hand `item` (the payload of batch `seq`) to the consumer.
+    Deliver { seq: u64, item: T, replayed: bool },
+    /// Tell the consumer to drop everything it knows about this publisher.
+    Reset(ResetReason),
+    /// Ask the replay endpoint for every batch with seq ≥ `from`.
+    StartReplay { from: u64 },
+    /// Stop the running replay; its remaining messages must not reach the tracker.
+    CancelReplay,
+}
+
+struct Replay<T> {
+    /// Live messages received while replaying, strictly increasing seq.
+    buffer: VecDeque<(u64, T)>,
+    /// `last` when the replay started, to tell whether it delivered anything.
+    last_at_start: Option<u64>,
+}
+
+/// Tracker tunables.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TrackerConfig {
+    pub replay_enabled: bool,
+    pub reset_on_reconnect: bool,
+    pub max_replay_buffer: usize,
+}
+
+pub(crate) struct Tracker<T> {
+    cfg: TrackerConfig,
+    counters: Arc<Counters>,
+    last: Option<u64>,
+    /// Every batch since the publisher's seq 0 has been delivered (since the last reset).
+    complete: bool,
+    replay: Option<Replay<T>>,
+    disconnected: bool,
+    /// Highest seq seen on the live stream (since the last restart).
+    live_high: Option<u64>,
+}
+
+impl<T> Tracker<T> {
+    pub(crate) fn new(cfg: TrackerConfig, counters: Arc<Counters>) -> Self {
+        Tracker { cfg, counters, last: None, complete: false, replay: None, disconnected: false, live_high: None }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_replaying(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// A live message arrived on the SUB socket.
+    pub(crate) fn on_live(&mut self, seq: u64, item: T, out: &mut Vec<Action<T>>) {
+        // Restarts are judged against the live stream itself: a replay may deliver batches the live
+        // stream has not shown yet, and those later arrive live as harmless duplicates.
+        let went_back = self.live_high.is_some_and(|high| seq <= high);
+        self.live_high = Some(seq);
+
+        if let Some(replay) = &mut self.replay {
+            if went_back {
+                // The publisher restarted while we were replaying: the replay is moot.
+                self.replay = None;
+                out.push(Action::CancelReplay);
+                self.reset(ResetReason::Restart, out);
+                self.first(seq, item, out);
+            } else if replay.buffer.len() >= self.cfg.max_replay_buffer {
+                // The replay is too slow for the live rate: give it up and resync from what we hold.
+                out.push(Action::CancelReplay);
+                Counters::inc(&self.counters.replay_failures);
+                self.finish_replay(false, out);
+                self.apply_ordered(seq, item, false, out);
+            } else {
+                replay.buffer.push_back((seq, item));
+            }
+            return;
+        }
+
+        if std::mem::take(&mut self.disconnected) {
+            if let Some(last) = self.last {
+                if seq <= last {
+                    self.reset(ResetReason::Restart, out);
+                    return self.first(seq, item, out);
+                }
+                if self.cfg.reset_on_reconnect {
+                    self.reset(ResetReason::Reconnect, out);
+                    return self.first(seq, item, out);
+                }
+            }
+        }
+
+        match self.last {
+            None => self.first(seq, item, out),
+            Some(last) if Some(seq) == last.checked_add(1) => self.deliver(seq, item, false, out),
+            Some(last) if seq > last => {
+                Counters::inc(&self.counters.gaps);
+                if self.cfg.replay_enabled {
+                    self.start_replay(last + 1, seq, item, out);
+                } else {
+                    self.resync(out);
+                    self.deliver(seq, item, false, out);
+                }
+            }
+            // Already delivered by a replay that ran ahead of the live stream.
+            Some(_) if !went_back => Counters::inc(&self.counters.duplicates),
+            Some(_) => {
+                self.reset(ResetReason::Restart, out);
+                self.first(seq, item, out);
+            }
+        }
+    }
+
+    /// A data message of the running replay arrived.
+    pub(crate) fn on_replay_item(&mut self, seq: u64, item: T, out: &mut Vec<Action<T>>) {
+        if self.replay.is_some() {
+            self.apply_ordered(seq, item, true, out);
+        }
+    }
+
+    /// The running replay ended: `ok` = end marker seen; otherwise it failed (timeout, bad reply, …).
+    pub(crate) fn on_replay_end(&mut self, ok: bool, out: &mut Vec<Action<T>>) {
+        if self.replay.is_none() {
+            return;
+        }
+        if !ok {
+            Counters::inc(&self.counters.replay_failures);
+        }
+        self.finish_replay(ok, out);
+    }
+
+    /// The SUB socket lost its publisher connection.
+    pub(crate) fn on_disconnect(&mut self, out: &mut Vec<Action<T>>) {
+        if self.replay.is_some() {
+            out.push(Action::CancelReplay);
+            self.finish_replay(false, out);
+        }
+        self.disconnected = true;
+    }
+
+    pub(crate) fn last_seq(&self) -> Option<u64> {
+        self.last
+    }
+
+    pub(crate) fn history_complete(&self) -> bool {
+        self.complete
+    }
+
+    fn first(&mut self, seq: u64, item: T, out: &mut Vec<Action<T>>) {
+        debug_assert!(self.last.is_none());
+        if seq != 0 && self.cfg.replay_enabled {
+            self.start_replay(0, seq, item, out);
+        } else {
+            self.apply_ordered(seq, item, false, out);
+        }
+    }
+
+    fn start_replay(&mut self, from: u64, seq: u64, item: T, out: &mut Vec<Action<T>>) {
+        self.start_replay_with(from, VecDeque::from([(seq, item)]), out);
+    }
+
+    fn start_replay_with(&mut self, from: u64, buffer: VecDeque<(u64, T)>, out: &mut Vec<Action<T>>) {
+        Counters::inc(&self.counters.replays);
+        self.replay = Some(Replay { buffer, last_at_start: self.last });
+        out.push(Action::StartReplay { from });
+    }
+
+    /// Leaves replay mode and applies the buffered live messages.
+    ///
+    /// After a successful replay that delivered something, a hole *inside* the buffer is a new gap (those
+    /// batches were published after the replay request was answered): replay again from there. Otherwise
+    /// (failed replay, or one that made no progress) holes are resyncs, which also bounds the number of
+    /// consecutive replays.
+    fn finish_replay(&mut self, ok: bool, out: &mut Vec<Action<T>>) {
+        let Some(replay) = self.replay.take() else { return };
+        let progressed = self.last != replay.last_at_start;
+        let mut buffer = replay.buffer;
+        while let Some((seq, item)) = buffer.pop_front() {
+            match self.last {
+                Some(last) if ok && progressed && last.checked_add(1).is_some_and(|next| seq > next) => {
+                    Counters::inc(&self.counters.gaps);
+                    buffer.push_front((seq, item));
+                    self.start_replay_with(last + 1, buffer, out);
+                    return;
+                }
+                _ => self.apply_ordered(seq, item, false, out),
+            }
+        }
+    }
+
+    /// Applies a message known to come after everything delivered unless it is a duplicate.
+    fn apply_ordered(&mut self, seq: u64, item: T, replayed: bool, out: &mut Vec<Action<T>>) {
+        match self.last {
+            None => {
+                self.complete = seq == 0;
+                self.deliver(seq, item, replayed, out);
+            }
+            Some(last) if seq <= last => Counters::inc(&self.counters.duplicates),
+            Some(last) if seq == last + 1 => self.deliver(seq, item, replayed, out),
+            Some(_) => {
+                self.resync(out);
+                self.deliver(seq, item, replayed, out);
+            }
+        }
+    }
+
+    fn deliver(&mut self, seq: u64, item: T, replayed: bool, out: &mut Vec<Action<T>>) {
+        self.last = Some(seq);
+        out.push(Action::Deliver { seq, item, replayed });
+    }
+
+    /// The consumer's state for this publisher has a hole that cannot be filled.
+    fn resync(&mut self, out: &mut Vec<Action<T>>) {
+        self.reset(ResetReason::Resync, out);
+    }
+
+    fn reset(&mut self, reason: ResetReason, out: &mut Vec<Action<T>>) {
+        let counter = match reason {
+            ResetReason::Restart => &self.counters.restarts,
+            ResetReason::Resync => &self.counters.resyncs,
+            ResetReason::Reconnect => &self.counters.reconnect_resets,
+        };
+        Counters::inc(counter);
+        self.last = None;
+        self.complete = false;
+        out.push(Action::Reset(reason));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    type A = Action<&'static str>;
+
+    struct Harness {
+        t: Tracker<&'static str>,
+        counters: Arc<Counters>,
+    }
+
+    impl Harness {
+        fn new(replay_enabled: bool) -> Self {
+            Self::with(TrackerConfig { replay_enabled, reset_on_reconnect: true, max_replay_buffer: 4 })
+        }
+
+        fn with(cfg: TrackerConfig) -> Self {
+            let counters = Arc::new(Counters::default());
+            Harness { t: Tracker::new(cfg, counters.clone()), counters }
+        }
+
+        fn live(&mut self, seq: u64) -> Vec<A> {
+            let mut out = Vec::new();
+            self.t.on_live(seq, "live", &mut out);
+            out
+        }
+
+        fn replayed(&mut self, seq: u64) -> Vec<A> {
+            let mut out = Vec::new();
+            self.t.on_replay_item(seq, "replay", &mut out);
+            out
+        }
+
+        fn end(&mut self, ok: bool) -> Vec<A> {
+            let mut out = Vec::new();
+            self.t.on_replay_end(ok, &mut out);
+            out
+        }
+
+        fn disconnect(&mut self) -> Vec<A> {
+            let mut out = Vec::new();
+            self.t.on_disconnect(&mut out);
+            out
+        }
+
+        fn get(&self, f: impl Fn(&Counters) -> &std::sync::atomic::AtomicU64) -> u64 {
+            f(&self.counters).load(Ordering::Relaxed)
+        }
+    }
+
+    fn live(seq: u64) -> A {
+        Action::Deliver { seq, item: "live", replayed: false }
+    }
+
+    fn rep(seq: u64) -> A {
+        Action::Deliver { seq, item: "replay", replayed: true }
+    }
+
+    #[test]
+    fn in_order_stream() {
+        let mut h = Harness::new(true);
+        assert_eq!(h.live(0), vec![live(0)]);
+        assert!(h.t.history_complete());
+        assert_eq!(h.live(1), vec![live(1)]);
+        assert_eq!(h.live(2), vec![live(2)]);
+        assert_eq!(h.t.last_seq(), Some(2));
+        assert_eq!(h.get(|c| &c.gaps), 0);
+    }
+
+    #[test]
+    fn slow_joiner_replays_from_zero() {
+        let mut h = Harness::new(true);
+        assert_eq!(h.live(3), vec![Action::StartReplay { from: 0 }]);
+        assert!(h.t.is_replaying());
+        assert_eq!(h.live(4), vec![]);
+        assert_eq!(h.replayed(0), vec![rep(0)]);
+        assert_eq!(h.replayed(1), vec![rep(1)]);
+        assert_eq!(h.replayed(2), vec![rep(2)]);
+        assert_eq!(h.replayed(3), vec![rep(3)]);
+        // Buffered 3 is a duplicate of the replayed 3; 4 follows.
+        assert_eq!(h.end(true), vec![live(4)]);
+        assert!(h.t.history_complete());
+        assert_eq!(h.get(|c| &c.duplicates), 1);
+        assert_eq!(h.get(|c| &c.replays), 1);
+    }
+
+    #[test]
+    fn slow_joiner_without_replay_endpoint() {
+        let mut h = Harness::new(false);
+        assert_eq!(h.live(10), vec![live(10)]);
+        assert!(!h.t.history_complete());
+        assert_eq!(h.live(11), vec![live(11)]);
+    }
+
+    #[test]
+    fn first_sync_with_truncated_ring_is_incomplete_but_not_a_reset() {
+        let mut h = Harness::new(true);
+        assert_eq!(h.live(50), vec![Action::StartReplay { from: 0 }]);
+        // The ring starts at 45: nothing was delivered before, so no reset, just incomplete history.
+        assert_eq!(h.replayed(45), vec![rep(45)]);
+        assert!(!h.t.history_complete());
+        for s in 46..=50 {
+            assert_eq!(h.replayed(s), vec![rep(s)]);
+        }
+        assert_eq!(h.end(true), vec![]);
+        assert_eq!(h.get(|c| &c.resyncs), 0);
+        assert_eq!(h.live(51), vec![live(51)]);
+    }
+
+    #[test]
+    fn replay_ending_short_of_the_buffer_replays_again_then_resyncs() {
+        let mut h = Harness::new(true);
+        h.live(50);
+        h.replayed(45);
+        h.replayed(46);
+        // 47..49 are missing: ask again from 47.
+        assert_eq!(h.end(true), vec![Action::StartReplay { from: 47 }]);
+        // The second replay brings nothing new: give up, the consumer's 45, 46 are followed by a hole.
+        assert_eq!(h.end(true), vec![Action::Reset(ResetReason::Resync), live(50)]);
+        assert_eq!(h.get(|c| &c.replays), 2);
+    }
+
+    #[test]
+    fn new_gap_during_replay_is_replayed_too() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        assert_eq!(h.live(2), vec![Action::StartReplay { from: 1 }]);
+        h.live(3);
+        h.live(5); // 4 lost while the first replay runs; the replay snapshot ends at 3
+        h.live(6);
+        assert_eq!(h.replayed(1), vec![rep(1)]);
+        assert_eq!(h.replayed(2), vec![rep(2)]);
+        assert_eq!(h.end(true), vec![live(3), Action::StartReplay { from: 4 }]);
+        h.live(7);
+        assert_eq!(h.replayed(4), vec![rep(4)]);
+        assert_eq!(h.replayed(5), vec![rep(5)]);
+        assert_eq!(h.end(true), vec![live(6), live(7)]);
+        assert_eq!(h.get(|c| &c.gaps), 2);
+        assert_eq!(h.get(|c| &c.resyncs), 0);
+        assert!(h.t.history_complete());
+    }
+
+    #[test]
+    fn gap_is_filled_by_replay() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.live(1);
+        assert_eq!(h.live(4), vec![Action::StartReplay { from: 2 }]);
+        assert_eq!(h.live(5), vec![]);
+        assert_eq!(h.replayed(2), vec![rep(2)]);
+        assert_eq!(h.replayed(3), vec![rep(3)]);
+        assert_eq!(h.replayed(4), vec![rep(4)]);
+        assert_eq!(h.replayed(5), vec![rep(5)]);
+        assert_eq!(h.end(true), vec![]);
+        assert_eq!(h.live(6), vec![live(6)]);
+        assert!(h.t.history_complete());
+        assert_eq!(h.get(|c| &c.gaps), 1);
+        assert_eq!(h.get(|c| &c.duplicates), 2);
+        assert_eq!(h.get(|c| &c.resyncs), 0);
+    }
+
+    #[test]
+    fn gap_older_than_ring_resyncs() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        assert_eq!(h.live(20), vec![Action::StartReplay { from: 1 }]);
+        // The ring only holds 15.. now.
+        assert_eq!(h.replayed(15), vec![Action::Reset(ResetReason::Resync), rep(15)]);
+        for s in 16..=20 {
+            assert_eq!(h.replayed(s), vec![rep(s)]);
+        }
+        assert_eq!(h.end(true), vec![]);
+        assert_eq!(h.get(|c| &c.resyncs), 1);
+        assert!(!h.t.history_complete());
+        assert_eq!(h.live(21), vec![live(21)]);
+    }
+
+    #[test]
+    fn gap_without_replay_endpoint_resyncs() {
+        let mut h = Harness::new(false);
+        h.live(0);
+        assert_eq!(h.live(2), vec![Action::Reset(ResetReason::Resync), live(2)]);
+        assert_eq!(h.get(|c| &c.gaps), 1);
+        assert_eq!(h.get(|c| &c.resyncs), 1);
+    }
+
+    #[test]
+    fn failed_replay_resyncs_and_applies_buffer() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        assert_eq!(h.live(3), vec![Action::StartReplay { from: 1 }]);
+        h.live(4);
+        assert_eq!(h.end(false), vec![Action::Reset(ResetReason::Resync), live(3), live(4)]);
+        assert_eq!(h.get(|c| &c.replay_failures), 1);
+        assert_eq!(h.live(5), vec![live(5)]);
+    }
+
+    #[test]
+    fn failed_replay_after_partial_fill_without_hole_is_fine() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.live(3);
+        h.replayed(1);
+        h.replayed(2);
+        assert_eq!(h.end(false), vec![live(3)]);
+        assert_eq!(h.get(|c| &c.resyncs), 0);
+    }
+
+    #[test]
+    fn restart_resets_and_starts_over() {
+        let mut h = Harness::new(false);
+        h.live(0);
+        h.live(1);
+        h.live(2);
+        assert_eq!(h.live(0), vec![Action::Reset(ResetReason::Restart), live(0)]);
+        assert!(h.t.history_complete());
+        assert_eq!(h.live(1), vec![live(1)]);
+        // A duplicate seq is also a restart (the reference's rule `seq <= last`).
+        assert_eq!(h.live(1), vec![Action::Reset(ResetReason::Restart), live(1)]);
+        assert_eq!(h.get(|c| &c.restarts), 2);
+    }
+
+    #[test]
+    fn restart_with_replay_replays_the_new_process_from_zero() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.live(1);
+        assert_eq!(h.live(1), vec![Action::Reset(ResetReason::Restart), Action::StartReplay { from: 0 }]);
+        assert_eq!(h.replayed(0), vec![rep(0)]);
+        assert_eq!(h.replayed(1), vec![rep(1)]);
+        assert_eq!(h.end(true), vec![]);
+        assert!(h.t.history_complete());
+    }
+
+    #[test]
+    fn restart_during_replay_cancels_it() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.live(5);
+        h.live(6);
+        assert_eq!(h.live(0), vec![Action::CancelReplay, Action::Reset(ResetReason::Restart), live(0)]);
+        assert!(!h.t.is_replaying());
+        // Late items of the cancelled replay are ignored.
+        assert_eq!(h.replayed(1), vec![]);
+        assert_eq!(h.end(true), vec![]);
+        assert_eq!(h.live(1), vec![live(1)]);
+    }
+
+    #[test]
+    fn replay_buffer_overflow_gives_up() {
+        let mut h = Harness::new(true); // max_replay_buffer = 4
+        h.live(0);
+        assert_eq!(h.live(2), vec![Action::StartReplay { from: 1 }]);
+        h.live(3);
+        h.live(4);
+        h.live(5);
+        assert_eq!(
+            h.live(6),
+            vec![Action::CancelReplay, Action::Reset(ResetReason::Resync), live(2), live(3), live(4), live(5), live(6)]
+        );
+        assert_eq!(h.get(|c| &c.replay_failures), 1);
+    }
+
+    #[test]
+    fn reconnect_resets_by_default() {
+        let mut h = Harness::new(false);
+        h.live(0);
+        h.live(1);
+        assert_eq!(h.disconnect(), vec![]);
+        assert_eq!(h.live(2), vec![Action::Reset(ResetReason::Reconnect), live(2)]);
+        assert!(!h.t.history_complete());
+        assert_eq!(h.live(3), vec![live(3)]);
+        // A restarted publisher seen after a reconnect is reported as a restart.
+        h.disconnect();
+        assert_eq!(h.live(0), vec![Action::Reset(ResetReason::Restart), live(0)]);
+        assert_eq!(h.get(|c| &c.reconnect_resets), 1);
+        assert_eq!(h.get(|c| &c.restarts), 1);
+    }
+
+    #[test]
+    fn reconnect_with_replay_rebuilds_from_zero() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.disconnect();
+        assert_eq!(h.live(7), vec![Action::Reset(ResetReason::Reconnect), Action::StartReplay { from: 0 }]);
+    }
+
+    #[test]
+    fn reconnect_without_reset_uses_seq_rules() {
+        let mut h =
+            Harness::with(TrackerConfig { replay_enabled: false, reset_on_reconnect: false, max_replay_buffer: 4 });
+        h.live(0);
+        h.disconnect();
+        assert_eq!(h.live(1), vec![live(1)]);
+        h.disconnect();
+        assert_eq!(h.live(3), vec![Action::Reset(ResetReason::Resync), live(3)]);
+    }
+
+    #[test]
+    fn disconnect_during_replay_applies_buffer() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        h.live(2);
+        h.replayed(1);
+        assert_eq!(h.disconnect(), vec![Action::CancelReplay, live(2)]);
+        assert!(!h.t.is_replaying());
+    }
+
+    #[test]
+    fn replay_running_ahead_of_live_is_not_a_restart() {
+        let mut h = Harness::new(true);
+        h.live(0);
+        assert_eq!(h.live(2), vec![Action::StartReplay { from: 1 }]);
+        // The ring already held 1..=5 when the request was served.
+        for s in 1..=5 {
+            assert_eq!(h.replayed(s), vec![rep(s)]);
+        }
+        assert_eq!(h.end(true), vec![]);
+        // 3..=5 now arrive live: duplicates, then the stream continues.
+        assert_eq!(h.live(3), vec![]);
+        assert_eq!(h.live(4), vec![]);
+        assert_eq!(h.live(5), vec![]);
+        assert_eq!(h.live(6), vec![live(6)]);
+        assert_eq!(h.get(|c| &c.restarts), 0);
+        assert_eq!(h.get(|c| &c.duplicates), 4);
+        // A real restart is still detected against the live stream.
+        assert_eq!(h.live(0), vec![Action::Reset(ResetReason::Restart), live(0)]);
+    }
+
+    #[test]
+    fn max_seq_does_not_overflow() {
+        let mut h = Harness::new(false);
+        h.live(u64::MAX - 1);
+        assert_eq!(h.live(u64::MAX), vec![live(u64::MAX)]);
+        assert_eq!(h.live(0), vec![Action::Reset(ResetReason::Restart), live(0)]);
+    }
+}
