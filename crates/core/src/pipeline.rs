@@ -9,15 +9,16 @@
 //! image-token sample behind.
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::accounting::{AccountingError, Counter, ImageTokens, RequestContext, RunPart, TextExpansion};
-use crate::media::{ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
+use crate::media::{image_key, ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
 use crate::model::ModelSpec;
 use crate::plan::{self, ChatTokens, ImageSpan, PlanError};
 use crate::prompt::{PromptError, PromptModel, RenderOptions};
-use crate::request::{Endpoint, Request};
+use crate::request::{Endpoint, ImagePart, Request};
 
 /// How a request is routed (the `x-mmrouter-route` header and the `route` metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +47,50 @@ impl Route {
 /// One accounted image of an exact plan.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PlannedImage {
+    /// The image's identifier: the hex BLAKE3 digest of its bytes (the `uuid` written for vLLM), or the
+    /// client's own uuid under `trust_client_uuids`.
     pub hash: String,
+    /// Where to write `"uuid": hash` into the forwarded body (nothing when the client's uuid is trusted).
+    #[serde(skip)]
+    pub splice: Option<UuidSplice>,
     pub width: u32,
     pub height: u32,
     pub feature_tokens: u32,
     /// Tokens that replace the image's placeholder in the prompt.
     pub tokens: u32,
+}
+
+/// Where an image part's `uuid` goes in the received body: replacing the client's value, or as a new
+/// field right after the part's `image_url` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UuidSplice {
+    pub image_url: Range<usize>,
+    pub existing: Option<Range<usize>>,
+}
+
+/// The body with each exact image's `uuid` written in (vLLM then names the image as the router does);
+/// every other byte stays as received.
+pub fn splice_uuids(body: &[u8], images: &[PlannedImage]) -> Vec<u8> {
+    let mut edits: Vec<(Range<usize>, String)> = images
+        .iter()
+        .filter_map(|img| {
+            let splice = img.splice.as_ref()?;
+            Some(match &splice.existing {
+                Some(value) => (value.clone(), format!("\"{}\"", img.hash)),
+                None => (splice.image_url.end..splice.image_url.end, format!(",\"uuid\":\"{}\"", img.hash)),
+            })
+        })
+        .collect();
+    edits.sort_by_key(|(r, _)| r.start);
+    let mut out = Vec::with_capacity(body.len() + 80 * edits.len());
+    let mut at = 0;
+    for (range, text) in edits {
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(text.as_bytes());
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
 }
 
 /// What the pipeline decided about one request's prompt: the route and what routing matches on.
@@ -157,12 +196,18 @@ pub enum Rejection {
     /// `media.reject_blocked_urls` is on and an image URL is blocked by the SSRF guard.
     #[error("{0}")]
     BlockedImageUrl(MediaError),
+    /// An image part names its own `uuid` where the router cannot replace it with a content hash (the
+    /// request falls back, or the part has no image at all), and `media.trust_client_uuids` is off:
+    /// vLLM would trust that name verbatim across every tenant of the worker.
+    #[error("image part uuid is not accepted: {0} (media.trust_client_uuids is off)")]
+    ClientUuid(String),
 }
 
 impl Rejection {
     pub fn label(&self) -> &'static str {
         match self {
             Rejection::BlockedImageUrl(_) => "image_url_blocked",
+            Rejection::ClientUuid(_) => "client_uuid_untrusted",
         }
     }
 }
@@ -237,6 +282,7 @@ pub struct Pipeline {
     max_model_len: Option<u32>,
     intake: Intake,
     reject_blocked_urls: bool,
+    trust_client_uuids: bool,
 }
 
 /// Why a request with images is not exact: the fallback reason label.
@@ -280,6 +326,7 @@ impl Pipeline {
             max_model_len: m.max_model_len,
             intake: Intake::new(cfg.media.clone()).map_err(LoadError::Media)?,
             reject_blocked_urls: cfg.media.reject_blocked_urls,
+            trust_client_uuids: cfg.media.trust_client_uuids,
         })
     }
 
@@ -313,6 +360,9 @@ impl Pipeline {
             return Ok(Planned { plan: out.plan, timings, probes: Vec::new(), trace: out.trace });
         }
 
+        if req.uuid_only_parts > 0 && !self.trust_client_uuids {
+            return Err(Rejection::ClientUuid("an image part names a uuid but carries no image".into()));
+        }
         let t = Instant::now();
         let (images, probes) = self.intake(req).await?;
         let intake = t.elapsed();
@@ -333,6 +383,13 @@ impl Pipeline {
             trace.text = Some(tokens.text.clone());
         }
         self.gate(&mut out, tokens, accounted, has_media, seed);
+        let client_uuid = req.images.iter().any(|i| i.uuid_span.is_some());
+        if client_uuid && out.plan.route != Route::Exact && !self.trust_client_uuids {
+            // Only an exact plan replaces client uuids; forwarding one unchanged would let it name
+            // another image's cached features.
+            let reason = out.plan.fallback_reason().unwrap_or("no image accounted");
+            return Err(Rejection::ClientUuid(format!("the request is not routed exactly ({reason})")));
+        }
         let timings = StageTimings { intake: Some(intake), account: Some(account), plan: tokenize + t.elapsed() };
         Ok(Planned { plan: out.plan, timings, probes, trace: out.trace })
     }
@@ -463,7 +520,13 @@ impl Pipeline {
         if counts.len() != infos.len() {
             return Err("placeholder_mismatch");
         }
-        infos.into_iter().zip(counts).map(|(info, tokens)| Accounted::new(info, tokens)).collect()
+        let trust = self.trust_client_uuids;
+        infos
+            .into_iter()
+            .zip(counts)
+            .zip(&req.images)
+            .map(|((info, tokens), part)| Accounted::new(info, tokens, part, trust))
+            .collect()
     }
 
     fn set_blocks(&self, out: &mut Draft, ids: &[u32], spans: &[ImageSpan], seed: u64, whole: bool) {
@@ -500,7 +563,9 @@ struct Accounted {
 }
 
 impl Accounted {
-    fn new(info: ImageInfo, tokens: ImageTokens) -> Result<Accounted, Fallback> {
+    /// The image's identity is its content digest, written as its `uuid` — or, when trusted, the
+    /// client's own uuid, left as sent.
+    fn new(info: ImageInfo, tokens: ImageTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
         let (expansion, len) = match (tokens.run(), tokens.text_expansion()) {
             (Some(run), _) => {
                 let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
@@ -510,13 +575,51 @@ impl Accounted {
             (None, Some(text)) => (Expansion::Text(text.clone()), text.embed_count),
             (None, None) => return Err("expansion_unknown"),
         };
+        let (hash, key, splice) = match (&part.uuid, trust) {
+            (Some(client), true) => (client.clone(), image_key(client), None),
+            _ => {
+                let splice = UuidSplice { image_url: part.image_url_span.clone(), existing: part.uuid_span.clone() };
+                (info.digest.hex(), info.digest.key(), Some(splice))
+            }
+        };
         let planned = PlannedImage {
-            hash: format!("{:032x}", info.hash),
+            hash,
+            splice,
             width: info.width,
             height: info.height,
             feature_tokens: tokens.feature_tokens,
             tokens: len,
         };
-        Ok(Accounted { hash: info.hash, expansion, planned })
+        Ok(Accounted { hash: key, expansion, planned })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(hash: &str, splice: Option<UuidSplice>) -> PlannedImage {
+        PlannedImage { hash: hash.into(), splice, width: 1, height: 1, feature_tokens: 1, tokens: 1 }
+    }
+
+    #[test]
+    fn uuids_are_spliced_in_and_client_ones_replaced() {
+        let body = br#"{"messages":[{"content":[{"type":"image_url","image_url":{"url":"a"}},{"type":"image_url","uuid":"evil","image_url":"b"}]}]}"#;
+        let req = Request::parse(Endpoint::Chat, body).unwrap();
+        let splices: Vec<UuidSplice> = req
+            .images
+            .iter()
+            .map(|i| UuidSplice { image_url: i.image_url_span.clone(), existing: i.uuid_span.clone() })
+            .collect();
+        let images = [image("aaaa", Some(splices[0].clone())), image("bbbb", Some(splices[1].clone()))];
+        let out = String::from_utf8(splice_uuids(body, &images)).unwrap();
+        assert_eq!(
+            out,
+            r#"{"messages":[{"content":[{"type":"image_url","image_url":{"url":"a"},"uuid":"aaaa"},{"type":"image_url","uuid":"bbbb","image_url":"b"}]}]}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(parsed["messages"][0]["content"][1]["uuid"], "bbbb");
+        // A trusted client uuid (no splice) leaves the body as received.
+        assert_eq!(splice_uuids(body, &[image("evil", None)]), body.to_vec());
     }
 }

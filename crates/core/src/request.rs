@@ -118,6 +118,9 @@ pub struct Request<'a> {
     /// The first media part the router cannot account for (audio, video, files, embeddings, an image
     /// part without a URL): the request then routes on its text prefix.
     pub media_issue: Option<PartError>,
+    /// Image parts that name a `uuid` but carry no usable image (`"image_url": null`): vLLM would serve
+    /// cached features by that name.
+    pub uuid_only_parts: usize,
 }
 
 /// One message: its keys in the order sent; `content` keeps image parts as parts (no URL copied).
@@ -160,6 +163,8 @@ pub struct ImagePart<'a> {
     pub image_url_span: Range<usize>,
     /// Byte range of the part's own `uuid` value, if the client sent one.
     pub uuid_span: Option<Range<usize>>,
+    /// That value, when it is a string.
+    pub uuid: Option<String>,
 }
 
 impl<'a> Request<'a> {
@@ -209,6 +214,7 @@ struct Ctx<'a> {
     base: usize,
     images: Vec<ImagePart<'a>>,
     media_issue: Option<PartError>,
+    uuid_only_parts: usize,
 }
 
 impl Ctx<'_> {
@@ -241,7 +247,7 @@ impl<'a> Visitor<'a> for TopSeed {
     }
 
     fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Request<'a>, M::Error> {
-        let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None };
+        let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None, uuid_only_parts: 0 };
         let mut fields = Map::new();
         let mut messages = Err("`messages` must be an array".to_owned());
         while let Some(key) = map.next_key::<Cow<'a, str>>()? {
@@ -255,7 +261,14 @@ impl<'a> Visitor<'a> for TopSeed {
                 }
             }
         }
-        Ok(Request { endpoint: self.endpoint, fields, messages, images: ctx.images, media_issue: ctx.media_issue })
+        Ok(Request {
+            endpoint: self.endpoint,
+            fields,
+            messages,
+            images: ctx.images,
+            media_issue: ctx.media_issue,
+            uuid_only_parts: ctx.uuid_only_parts,
+        })
     }
 }
 
@@ -517,6 +530,10 @@ enum UrlField<'a> {
 
 /// Records an image part to fetch (its index in `ctx.images`), or the reason it cannot be.
 fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Option<usize> {
+    let no_image = raw.image_url.is_none_or(|v| v.get() == "null");
+    if no_image && raw.uuid.is_some() {
+        ctx.uuid_only_parts += 1;
+    }
     let Some(value) = raw.image_url else {
         ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: image_url missing")));
         return None;
@@ -536,6 +553,7 @@ fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> O
         part: p,
         image_url_span: ctx.span(value),
         uuid_span: raw.uuid.map(|u| ctx.span(u)),
+        uuid: raw.uuid.and_then(|u| serde_json::from_str::<String>(u.get()).ok()),
     };
     ctx.images.push(part);
     Some(ctx.images.len() - 1)

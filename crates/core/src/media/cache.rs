@@ -91,10 +91,10 @@ impl UrlCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::Source;
+    use crate::media::{ImageDigest, Source};
 
-    fn info(hash: u128) -> ImageInfo {
-        ImageInfo { hash, width: 1, height: 1, format: "png", bytes: 1, source: Source::Http }
+    fn info(n: u8) -> ImageInfo {
+        ImageInfo { digest: ImageDigest([n; 32]), width: 1, height: 1, format: "png", bytes: 1, source: Source::Http }
     }
 
     #[test]
@@ -106,8 +106,8 @@ mod tests {
         c.insert("c", info(4));
         assert_eq!(c.len(), 2);
         assert!(c.get("b").is_none());
-        assert_eq!(c.get("a").unwrap().hash, 3);
-        assert_eq!(c.get("c").unwrap().hash, 4);
+        assert_eq!(c.get("a").unwrap().digest, ImageDigest([3; 32]));
+        assert_eq!(c.get("c").unwrap().digest, ImageDigest([4; 32]));
     }
 
     #[test]
@@ -120,8 +120,8 @@ mod tests {
     #[test]
     fn queue_stays_bounded_under_overwrites() {
         let c = UrlCache::new(Duration::from_secs(60), 4);
-        for i in 0..1000u128 {
-            c.insert("same", info(i));
+        for i in 0..1000u32 {
+            c.insert("same", info(i as u8));
         }
         let inner = c.inner.lock().unwrap();
         assert!(inner.order.len() <= 8);

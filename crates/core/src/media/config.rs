@@ -42,6 +42,10 @@ pub struct MediaConfig {
     pub allow_public: bool,
     /// Answer 400 for a blocked URL instead of falling back to text-prefix routing.
     pub reject_blocked_urls: bool,
+    /// Keep a client's own image-part `uuid` (vLLM then trusts that name across every tenant of the
+    /// worker). Off: uuids are replaced by content hashes on the exact route, and a request whose uuid
+    /// cannot be replaced is answered 400.
+    pub trust_client_uuids: bool,
     /// How long a fetched URL's identity and size are reused; 0 disables the cache.
     pub url_cache_ttl_secs: u64,
     /// Most URLs the cache holds.
@@ -68,6 +72,7 @@ impl Default for MediaConfig {
             allow_private: false,
             allow_public: true,
             reject_blocked_urls: false,
+            trust_client_uuids: false,
             url_cache_ttl_secs: 300,
             url_cache_entries: 4096,
             orientation: Orientation::Stored,

@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::media::budget::Budget;
 use crate::media::cache::UrlCache;
@@ -13,7 +12,7 @@ use crate::media::data_url;
 use crate::media::fetch::Fetcher;
 use crate::media::guard::Guard;
 use crate::media::probe::{probe_bytes, probe_header, HEADER_PROBE_BYTES};
-use crate::media::{ImageInfo, MediaConfig, MediaError, Orientation, Source};
+use crate::media::{ImageDigest, ImageInfo, MediaConfig, MediaError, Orientation, Source};
 
 /// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +119,7 @@ impl Intake {
             return Err(MediaError::ImageTooLarge { size: len as u64, limit: cfg.max_image_bytes });
         }
         budget.take(len)?;
-        let mut hasher = Xxh3::new();
+        let mut hasher = blake3::Hasher::new();
         let mut prefix = Vec::with_capacity(len.min(HEADER_PROBE_BYTES));
         parsed.decode_chunks(|chunk| {
             hasher.update(chunk);
@@ -128,7 +127,7 @@ impl Intake {
             prefix.extend_from_slice(&chunk[..chunk.len().min(room)]);
             Ok(())
         })?;
-        let hash = hasher.digest128();
+        let digest = ImageDigest(*hasher.finalize().as_bytes());
         let header = probe_header(&prefix, cfg)?;
         let (width, height, format) = match header {
             Some(dims) if cfg.orientation == Orientation::Stored => dims,
@@ -138,7 +137,7 @@ impl Intake {
                 self.probe_off_thread(full).await?
             }
         };
-        Ok(ImageInfo { hash, width, height, format, bytes: len, source: Source::DataUrl })
+        Ok(ImageInfo { digest, width, height, format, bytes: len, source: Source::DataUrl })
     }
 
     async fn fetch_http(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
@@ -151,13 +150,13 @@ impl Intake {
             tokio::time::timeout(timeout, inner.fetcher.fetch(url, &inner.cfg, budget)).await.map_err(|_| {
                 MediaError::FetchTimeout { after_ms: inner.cfg.fetch_timeout_ms, limit: "media.fetch_timeout_ms" }
             })??;
-        let hash = xxh3_128(&bytes);
+        let digest = ImageDigest::of(&bytes);
         let len = bytes.len();
         let (width, height, format) = match probe_header(&bytes, &inner.cfg)? {
             Some(dims) if inner.cfg.orientation == Orientation::Stored => dims,
             _ => self.probe_off_thread(bytes).await?,
         };
-        let info = ImageInfo { hash, width, height, format, bytes: len, source: Source::Http };
+        let info = ImageInfo { digest, width, height, format, bytes: len, source: Source::Http };
         inner.cache.insert(url, info.clone());
         Ok(info)
     }

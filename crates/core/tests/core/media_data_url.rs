@@ -2,8 +2,9 @@
 //! fallback decode, and decompression bombs.
 
 use crate::media_common::{data_url, fixture, gif_header, png_header, FIXTURES};
-use mmrouter_core::media::{decode_data_url, probe_bytes, Intake, MediaConfig, MediaError, Orientation, Source};
-use xxhash_rust::xxh3::xxh3_128;
+use mmrouter_core::media::{
+    decode_data_url, probe_bytes, ImageDigest, Intake, MediaConfig, MediaError, Orientation, Source,
+};
 
 fn refs(urls: &[String]) -> Vec<&str> {
     urls.iter().map(String::as_str).collect()
@@ -40,7 +41,7 @@ async fn every_fixture_as_a_data_url_in_one_request() {
     for ((name, _, w, h), info) in FIXTURES.iter().zip(&infos) {
         let bytes = fixture(name);
         assert_eq!((info.width, info.height), (*w, *h), "{name}");
-        assert_eq!(info.hash, xxh3_128(&bytes), "{name}");
+        assert_eq!(info.digest, ImageDigest::of(&bytes), "{name}");
         assert_eq!(info.bytes, bytes.len());
         assert_eq!(info.source, Source::DataUrl);
     }
@@ -78,7 +79,7 @@ async fn sof_beyond_the_header_prefix_is_still_found() {
     let url = data_url("image/jpeg", &jpg);
     let info = intake.process(&refs(&[url])).await.images.unwrap();
     assert_eq!((info[0].width, info[0].height), (640, 427));
-    assert_eq!(info[0].hash, xxh3_128(&jpg));
+    assert_eq!(info[0].digest, ImageDigest::of(&jpg));
 }
 
 #[tokio::test]

@@ -5,8 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::media_common::{fixture, png_header, Reply, TestServer, FIXTURES};
-use mmrouter_core::media::{ImageInfo, Intake, MediaConfig, MediaError, Orientation, Source};
-use xxhash_rust::xxh3::xxh3_128;
+use mmrouter_core::media::{ImageDigest, ImageInfo, Intake, MediaConfig, MediaError, Orientation, Source};
 
 /// Test servers listen on 127.0.0.1 with an explicit port: both need the exception.
 fn cfg() -> MediaConfig {
@@ -42,7 +41,7 @@ async fn all_fixtures_over_http(honor_range: bool) {
     for ((name, _, w, h), info) in FIXTURES.iter().zip(&infos) {
         let bytes = fixture(name);
         assert_eq!((info.width, info.height), (*w, *h), "{name}");
-        assert_eq!(info.hash, xxh3_128(&bytes), "{name}");
+        assert_eq!(info.digest, ImageDigest::of(&bytes), "{name}");
         assert_eq!(info.bytes, bytes.len(), "{name}");
         assert_eq!(info.source, Source::Http);
         assert!(name.contains(info.format) || (info.format == "jpeg" && name.ends_with(".jpg")));
@@ -180,7 +179,7 @@ async fn lying_content_length() {
     assert_eq!(err.label(), "fetch_failed", "{err}");
     let info = one(&intake, server.url("/long")).await.unwrap();
     assert_eq!(info.bytes, 100);
-    assert_eq!(info.hash, xxh3_128(&png[..100]));
+    assert_eq!(info.digest, ImageDigest::of(&png[..100]));
     assert_eq!((info.width, info.height), (600, 400));
 }
 
@@ -192,7 +191,7 @@ async fn url_cache_avoids_refetching_and_ttl_zero_disables_it() {
     let first = one(&cached, url.clone()).await.unwrap();
     let second = one(&cached, url.clone()).await.unwrap();
     assert_eq!(server.stats.hits("/red.jpg"), 1);
-    assert_eq!(first.hash, second.hash);
+    assert_eq!(first.digest, second.digest);
     assert_eq!((second.width, second.height), (32, 32));
 
     let uncached = Intake::new(MediaConfig { url_cache_ttl_secs: 0, ..cfg() }).unwrap();
