@@ -13,7 +13,8 @@
 //! * [`discovery`]: parsers for vLLM's `GET /kv_event_sources` and SGLang's `GET /server_info` `kv_events`
 //!   object. The caller performs the HTTP request.
 //!
-//! The crate deliberately has no HTTP client, CLI or metrics recorder dependency.
+//! The crate deliberately has no HTTP client, CLI or metrics recorder dependency. Without its default
+//! `feed` feature it is only the decoder (msgpack, no sockets or runtime).
 //!
 //! ```no_run
 //! use mmrouter_kv_events::{spawn_feed, FeedConfig, FeedEvent, KvEvent};
@@ -50,11 +51,14 @@
 #![warn(missing_docs)]
 
 pub mod decode;
+#[cfg(feature = "feed")]
 pub mod discovery;
 pub mod endpoint;
+#[cfg(feature = "feed")]
 pub mod feed;
 
 pub use decode::{decode_batch, BlockRemoved, BlockStored, DecodeError, EngineHash, EventBatch, ExtraKey, KvEvent};
+#[cfg(feature = "feed")]
 pub use feed::{
     spawn_feed, FeedConfig, FeedConfigError, FeedEvent, FeedHandle, FeedStats, FrameError, Malformed, ResetReason,
 };

@@ -37,37 +37,45 @@ pub fn block_keys(ids: &[u32], spans: &[ImageSpan], block_size: usize, seed: u64
 
     let mut keys = Vec::with_capacity(ids.len() / block_size);
     let mut buf: Vec<u8> = Vec::with_capacity(8 + 8 + 4 * block_size + 4 + 24 * 2);
+    let mut extras: Vec<(u128, i64)> = Vec::new();
     let mut prev = seed;
     let mut first = 0;
     for (index, block) in ids.chunks_exact(block_size).enumerate() {
         let start = (index * block_size) as u64;
         let end = start + block_size as u64;
-        buf.clear();
-        buf.extend_from_slice(&prev.to_le_bytes());
-        buf.extend_from_slice(&(block_size as u64).to_le_bytes());
-        for id in block {
-            buf.extend_from_slice(&id.to_le_bytes());
-        }
         while first < spans.len() && spans[first].end() <= start {
             first += 1;
         }
-        let count_at = buf.len();
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        let mut count: u32 = 0;
+        extras.clear();
         for span in spans[first..].iter().take_while(|s| u64::from(s.offset) < end) {
             if span.end() > start {
-                buf.extend_from_slice(&span.hash.to_le_bytes());
                 // Both sides < 2^33, so the difference always fits.
-                let relative = i64::from(span.offset) - start as i64;
-                buf.extend_from_slice(&relative.to_le_bytes());
-                count += 1;
+                extras.push((span.hash, i64::from(span.offset) - start as i64));
             }
         }
-        buf[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-        prev = xxh3_64(&buf);
+        prev = chain_key(prev, block, &extras, &mut buf);
         keys.push(prev);
     }
     keys
+}
+
+/// One link of the chain: the key of a full block given its parent's key (or the seed), its token
+/// ids, and the images overlapping it as (image key, image start − block start). The same function
+/// turns a worker's KV event (tokens + `extra_keys`) into the key the router computes for the same
+/// prompt. `buf` is scratch space.
+pub fn chain_key(prev: u64, block: &[u32], extras: &[(u128, i64)], buf: &mut Vec<u8>) -> u64 {
+    buf.clear();
+    buf.extend_from_slice(&prev.to_le_bytes());
+    buf.extend_from_slice(&(block.len() as u64).to_le_bytes());
+    for id in block {
+        buf.extend_from_slice(&id.to_le_bytes());
+    }
+    buf.extend_from_slice(&(extras.len() as u32).to_le_bytes());
+    for (key, offset) in extras {
+        buf.extend_from_slice(&key.to_le_bytes());
+        buf.extend_from_slice(&offset.to_le_bytes());
+    }
+    xxh3_64(buf)
 }
 
 /// The chain seed for a model, an optional LoRA adapter (when the request names one) and an

@@ -13,7 +13,7 @@ use crate::accounting::{RunPart, TextExpansion};
 use crate::prompt::{PromptError, PromptModel, RenderOptions};
 use crate::request::Request;
 
-pub use blocks::{block_keys, seed, ImageSpan};
+pub use blocks::{block_keys, chain_key, seed, ImageSpan};
 
 /// Why a prompt could not be planned. `label()` values are Prometheus `reason` labels.
 #[derive(Debug, thiserror::Error)]

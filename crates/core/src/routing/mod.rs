@@ -12,6 +12,7 @@
 //! microseconds (see `benches/index.rs`), and it keeps `mmrouter_kv_overlap_tokens` meaning the same
 //! whatever the policy, so policies can be compared on it.
 
+pub mod events;
 pub mod index;
 mod kv;
 mod least_loaded;
