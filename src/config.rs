@@ -17,7 +17,7 @@ use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::prompt::ContentFormat;
-use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
+use mmrouter_core::routing::{Engine, RoutingConfig, WorkerSpec};
 use serde::Deserialize;
 
 /// The file as written.
@@ -122,6 +122,41 @@ pub struct WorkerSection {
     pub name: String,
     /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
     pub url: String,
+    /// `vllm` (default) or `sglang`.
+    #[serde(default)]
+    pub engine: Engine,
+    /// The worker's KV-event publisher (`tcp://host:5557`), or `discover` to ask the worker (vLLM
+    /// `GET /kv_event_sources`, SGLang `GET /server_info`). Absent: approximate mode for this worker.
+    pub kv_events: Option<String>,
+    /// The publisher's replay endpoint (`tcp://host:5558`), for gaps and late joins.
+    pub kv_events_replay: Option<String>,
+    /// The publisher's topic (default empty: every message).
+    #[serde(default)]
+    pub kv_events_topic: String,
+    /// Data-parallel ranks behind this worker: rank r publishes on the endpoint's port + r (and the
+    /// replay port + r), as vLLM does.
+    #[serde(default = "one")]
+    pub data_parallel_size: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Where a worker's KV events come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventSource {
+    /// Configured endpoints, one publisher per data-parallel rank.
+    Endpoints { endpoint: String, replay: Option<String>, topic: String, data_parallel_size: u32 },
+    /// Asked from the worker itself at start.
+    Discover,
+}
+
+/// One worker, validated: what routing knows of it, and its event source if it publishes events.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub spec: WorkerSpec,
+    pub events: Option<EventSource>,
 }
 
 /// The validated, typed configuration the server runs from.
@@ -129,7 +164,7 @@ pub struct WorkerSection {
 pub struct Settings {
     pub server: ServerSettings,
     pub pipeline: PipelineConfig,
-    pub workers: Vec<WorkerSpec>,
+    pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
 }
 
@@ -160,14 +195,19 @@ impl Default for ServerSettings {
 }
 
 impl Settings {
-    /// Settings for `model` over `workers` with every other value at its default.
+    /// Settings for `model` over `workers` (approximate mode) with every other value at its default.
     pub fn new(model: ModelSpec, workers: Vec<WorkerSpec>) -> Settings {
         Settings {
             server: ServerSettings::default(),
             pipeline: PipelineConfig { model, media: MediaConfig::default() },
-            workers,
+            workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
         }
+    }
+
+    /// What routing knows of each worker.
+    pub fn worker_specs(&self) -> Vec<WorkerSpec> {
+        self.workers.iter().map(|w| w.spec.clone()).collect()
     }
 
     /// Reads and validates a config file; the error names the file and the offending key.
@@ -265,7 +305,7 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
     })
 }
 
-fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSpec>> {
+fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSettings>> {
     if workers.is_empty() {
         anyhow::bail!("workers: at least one [[workers]] entry is required");
     }
@@ -283,7 +323,41 @@ fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSpec>> {
             anyhow::bail!("workers[{i}].url: '{}' must be an http(s) URL with a host", w.url);
         }
     }
-    Ok(workers.iter().map(|w| WorkerSpec { name: w.name.clone(), url: w.url.clone() }).collect())
+    workers.iter().enumerate().map(|(i, w)| worker_settings(i, w)).collect()
+}
+
+fn worker_settings(i: usize, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
+    let spec = WorkerSpec { name: w.name.clone(), url: w.url.clone(), engine: w.engine };
+    if !(1..=64).contains(&w.data_parallel_size) {
+        anyhow::bail!("workers[{i}].data_parallel_size must be in 1..=64 (got {})", w.data_parallel_size);
+    }
+    let check = |key: &str, ep: &str| {
+        mmrouter_kv_events::endpoint::Endpoint::parse(ep)
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("workers[{i}].{key}: '{ep}' is not a ZMQ endpoint like tcp://host:5557 ({e})"))
+    };
+    let events = match w.kv_events.as_deref() {
+        None => {
+            if w.kv_events_replay.is_some() {
+                anyhow::bail!("workers[{i}].kv_events_replay needs workers[{i}].kv_events");
+            }
+            None
+        }
+        Some("discover") => Some(EventSource::Discover),
+        Some(endpoint) => {
+            check("kv_events", endpoint)?;
+            if let Some(replay) = &w.kv_events_replay {
+                check("kv_events_replay", replay)?;
+            }
+            Some(EventSource::Endpoints {
+                endpoint: endpoint.to_owned(),
+                replay: w.kv_events_replay.clone(),
+                topic: w.kv_events_topic.clone(),
+                data_parallel_size: w.data_parallel_size,
+            })
+        }
+    };
+    Ok(WorkerSettings { spec, events })
 }
 
 #[cfg(test)]
@@ -326,6 +400,33 @@ mod tests {
         assert!(Settings::parse(&dup).unwrap_err().to_string().contains("duplicate"));
         let bad_url = "[[workers]]\nname = \"a\"\nurl = \"ftp://x\"\n";
         assert!(Settings::parse(bad_url).unwrap_err().to_string().contains("workers[0].url"));
+        for (extra, key) in [
+            ("kv_events = \"http://x\"\n", "workers[0].kv_events"),
+            ("kv_events_replay = \"tcp://127.0.0.1:5558\"\n", "workers[0].kv_events_replay"),
+            ("data_parallel_size = 0\n", "workers[0].data_parallel_size"),
+            ("engine = \"tgi\"\n", "engine"),
+        ] {
+            let err = Settings::parse(&format!("{MIN}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(key), "error for {extra:?} should name {key}: {err}");
+        }
+    }
+
+    #[test]
+    fn workers_may_publish_kv_events() {
+        let text = format!(
+            "{MIN}engine = \"sglang\"\nkv_events = \"tcp://127.0.0.1:5557\"\nkv_events_replay = \"tcp://127.0.0.1:5600\"\ndata_parallel_size = 2\n[[workers]]\nname = \"b\"\nurl = \"http://127.0.0.1:2\"\nkv_events = \"discover\"\n"
+        );
+        let c = Settings::parse(&text).unwrap();
+        assert_eq!(c.workers[0].spec.engine, Engine::Sglang);
+        let want = EventSource::Endpoints {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: Some("tcp://127.0.0.1:5600".into()),
+            topic: String::new(),
+            data_parallel_size: 2,
+        };
+        assert_eq!(c.workers[0].events, Some(want));
+        assert_eq!(c.workers[1].events, Some(EventSource::Discover));
+        assert_eq!(c.workers[1].spec.engine, Engine::Vllm);
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub async fn run(
         };
         sims.push(mmrouter_sim::spawn_exact(opts).await?);
     }
-    let specs = sims.iter().map(|s| WorkerSpec { name: s.name().to_owned(), url: s.url() }).collect();
+    let specs = sims.iter().map(|s| WorkerSpec::new(s.name().to_owned(), s.url())).collect();
     let mut cfg = Settings::new(ModelSpec::new(source), specs);
     cfg.server.listen.set_port(port);
     // The demo's own clients may send images from a local web server.

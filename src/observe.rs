@@ -275,7 +275,7 @@ mod tests {
     use mmrouter_core::routing::{Load, RoutingConfig, WorkerSpec};
 
     fn router() -> Router {
-        let spec = |n: &str| WorkerSpec { name: n.into(), url: "http://127.0.0.1:1".into() };
+        let spec = |n: &str| WorkerSpec::new(n, "http://127.0.0.1:1");
         Router::new(RoutingConfig::default(), vec![spec("w0"), spec("w1")]).unwrap()
     }
 

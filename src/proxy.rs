@@ -6,7 +6,8 @@
 //! ```
 //!
 //! with the observe stage recording what each step reports. The received bytes are what is
-//! forwarded; the parse only reads them.
+//! forwarded — the parse only reads them — with one exception: on the exact route to a vLLM worker each
+//! image part gets its content digest spliced in as `uuid` (every other byte as received).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,9 +18,9 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
+use mmrouter_core::pipeline::{splice_uuids, Planned, Route, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, Load, LoadGuard, SelectRequest};
+use mmrouter_core::routing::{Decision, Engine, Load, LoadGuard, SelectRequest};
 
 use crate::error::ApiError;
 use crate::observe::stage;
@@ -69,14 +70,16 @@ async fn forward(
     };
     st.observe.stage(stage::SELECT, t.elapsed());
     let mut last_error = None;
+    let mut spliced = None;
     for (attempt, &w) in decision.candidates.iter().take(MAX_ATTEMPTS).enumerate() {
         let worker = st.router.worker(w).clone();
         if attempt > 0 && !worker.is_healthy() {
             continue; // went down since the ranking
         }
+        let body = body_for(worker.engine(), plan, &bytes, &mut spliced);
         let guard = dispatch(st, plan, &decision, w, attempt == 0);
         let sent_at = Instant::now();
-        match st.upstream.send(worker.url(), method.clone(), path, headers, bytes.clone()).await {
+        match st.upstream.send(worker.url(), method.clone(), path, headers, body).await {
             Ok(resp) => {
                 st.observe.stage(stage::FORWARD_TTFB, sent_at.elapsed());
                 return relay(st, plan, resp, guard);
@@ -97,6 +100,17 @@ async fn forward(
         }
     }
     finish_error(st, plan, last_error.unwrap_or_else(ApiError::no_worker))
+}
+
+/// The bytes a worker receives: the received ones, except that on the exact route to vLLM each image
+/// part carries the image's content digest as its `uuid` (vLLM then names the image as the router
+/// does, in its caches and its KV events). Built once per request, only when needed.
+fn body_for(engine: Engine, plan: &RoutePlan, received: &Bytes, spliced: &mut Option<Bytes>) -> Bytes {
+    let splice = engine == Engine::Vllm && plan.route == Route::Exact && plan.images.iter().any(|i| i.splice.is_some());
+    if !splice {
+        return received.clone();
+    }
+    spliced.get_or_insert_with(|| Bytes::from(splice_uuids(received, &plan.images))).clone()
 }
 
 /// What selection needs to know about a plan.

@@ -28,7 +28,7 @@ impl AppState {
     /// State around an already-built pipeline (tests inject counters through it).
     pub fn with_pipeline(cfg: &Settings, pipeline: Pipeline) -> anyhow::Result<Arc<AppState>> {
         let router =
-            Router::new(cfg.routing.clone(), cfg.workers.clone()).map_err(|e| anyhow::anyhow!("routing: {e}"))?;
+            Router::new(cfg.routing.clone(), cfg.worker_specs()).map_err(|e| anyhow::anyhow!("routing: {e}"))?;
         Ok(Arc::new(AppState {
             router,
             upstream: Upstream::new(&cfg.server)?,

@@ -124,3 +124,23 @@ pub fn png_data_url(w: u32, h: u32, shade: u8) -> String {
     img.write_to(&mut out, image::ImageFormat::Png).unwrap();
     format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(out.into_inner()))
 }
+
+/// What a vLLM worker receives for `body` on the exact route: the same bytes, with each data-URL image
+/// part's `uuid` (hex BLAKE3 of the image) written right after its `image_url` object. Built by text
+/// insertion here, independently of the router's splicing.
+pub fn with_uuids(body: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let mut text = String::from_utf8(body.to_vec()).unwrap();
+    let mut at = 0;
+    while let Some(found) = text[at..].find(r#"{"url":"data:"#) {
+        let start = at + found;
+        let end = start + text[start..].find("\"}").unwrap() + 2;
+        let url = &text[start + 8..end - 2];
+        let payload = url.split_once("base64,").unwrap().1;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(payload).unwrap();
+        let uuid = format!(r#","uuid":"{}""#, blake3::hash(&bytes).to_hex());
+        text.insert_str(end, &uuid);
+        at = end + uuid.len();
+    }
+    text.into_bytes()
+}

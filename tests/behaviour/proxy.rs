@@ -30,13 +30,14 @@ async fn text_and_image_chats_reach_the_worker_byte_identical() {
         (chat_body(std::slice::from_ref(&img), "Describe it, streaming.", true), "exact", true),
     ];
     for (body, route, stream) in cases {
-        // Odd but valid formatting must survive: the worker sees the client's exact bytes.
+        // Odd but valid formatting must survive: the worker sees the client's exact bytes (on the
+        // exact route to vLLM, plus each image's uuid).
         let mut bytes = b"  \n".to_vec();
         bytes.extend_from_slice(&body);
-        let sent_hash = sha256_hex(&bytes);
+        let expected = if route == "exact" { with_uuids(&bytes) } else { bytes.clone() };
         let r = post(&c.url, bytes).await;
         assert_eq!(r.status(), 200);
-        assert_eq!(header(&r, "x-sim-body-sha256"), sent_hash, "worker saw different bytes");
+        assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&expected), "worker saw different bytes");
         assert_eq!(header(&r, "x-mmrouter-route"), route);
         let worker = header(&r, "x-mmrouter-worker").to_owned();
         assert!(c.sims.iter().any(|s| s.name() == worker), "unknown worker {worker}");
@@ -260,4 +261,66 @@ async fn blocked_image_urls_fall_back_or_are_rejected_as_configured() {
     assert_eq!(r.status(), 400);
     assert_openai_error(&r.json().await.unwrap());
     assert_eq!(c.sims[0].stats().requests, 0);
+}
+
+/// A chat body whose image part carries its own `uuid` (placed before `image_url`, as a client may).
+fn body_with_client_uuid(image_url: &str, uuid: &str) -> Vec<u8> {
+    format!(
+        r#"{{"model":"m","max_tokens":4,"messages":[{{"role":"user","content":[{{"type":"image_url","uuid":"{uuid}","image_url":{image_url}}},{{"type":"text","text":"what is this?"}}]}}]}}"#
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_uuids_are_replaced_or_refused_unless_trusted() {
+    let img = data_url("rocket.jpg");
+    let c = cluster_with(sims(1, fast).await, "").await;
+    // Exact route: the client's uuid is overwritten with the image's content hash.
+    let body = body_with_client_uuid(&format!(r#"{{"url":"{img}"}}"#), "someone-elses-image");
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-mmrouter-route"), "exact");
+    let digest = {
+        use base64::Engine;
+        let raw = base64::engine::general_purpose::STANDARD.decode(img.split_once("base64,").unwrap().1).unwrap();
+        blake3::hash(&raw).to_hex().to_string()
+    };
+    let expected = String::from_utf8(body).unwrap().replace("someone-elses-image", &digest);
+    assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(expected.as_bytes()));
+
+    // A fallback cannot replace it, and `image_url: null` names cached features: both refused, nothing sent.
+    let wide = png_data_url(5000, 20, 3);
+    for body in [
+        body_with_client_uuid(&format!(r#"{{"url":"{wide}"}}"#), "x"),
+        body_with_client_uuid("null", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+    ] {
+        let before = c.sims[0].stats().requests;
+        let r = post(&c.url, body).await;
+        assert_eq!(r.status(), 400);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "client_uuid_untrusted", "{v}");
+        assert_eq!(c.sims[0].stats().requests, before);
+    }
+
+    // trust_client_uuids: the client's uuid stays, on every route; the body is forwarded as sent.
+    let trusting = cluster_with(sims(1, fast).await, "[media]\ntrust_client_uuids = true").await;
+    for body in [
+        body_with_client_uuid(&format!(r#"{{"url":"{img}"}}"#), "client-id"),
+        body_with_client_uuid(&format!(r#"{{"url":"{wide}"}}"#), "client-id"),
+    ] {
+        let r = post(&trusting.url, body.clone()).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_workers_get_the_body_unchanged() {
+    let sims = sims(1, fast).await;
+    let toml = format!("[[workers]]\nname = {:?}\nurl = {:?}\nengine = \"sglang\"\n", sims[0].name(), sims[0].url());
+    let c = proxy(sims, &toml).await;
+    let body = chat_body(&[data_url("red.jpg")], "what colour?", false);
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(header(&r, "x-mmrouter-route"), "exact");
+    assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body), "no uuid for SGLang");
 }

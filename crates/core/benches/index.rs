@@ -42,9 +42,8 @@ fn index(c: &mut Criterion) {
 }
 
 fn select(c: &mut Criterion) {
-    let names: Vec<WorkerSpec> = (0..WORKERS)
-        .map(|i| WorkerSpec { name: format!("w{i}"), url: format!("http://127.0.0.1:{}", 9000 + i) })
-        .collect();
+    let names: Vec<WorkerSpec> =
+        (0..WORKERS).map(|i| WorkerSpec::new(format!("w{i}"), format!("http://127.0.0.1:{}", 9000 + i))).collect();
     let cfg = RoutingConfig { index_max_blocks: INDEX_BLOCKS, ..RoutingConfig::default() };
     let router = Router::new(cfg, names).expect("valid router");
     fill(|w, b| router.record(w, b));

@@ -40,7 +40,7 @@ fn main() {
     let text_body = chat(serde_json::json!(text));
     let cfg = PipelineConfig { model: ModelSpec::new(ModelSource::Bundled("qwen3-vl")), media: MediaConfig::default() };
     let pipeline = Pipeline::new(&cfg).unwrap();
-    let specs = (0..8).map(|i| WorkerSpec { name: format!("w{i}"), url: format!("http://127.0.0.1:{}", 9000 + i) });
+    let specs = (0..8).map(|i| WorkerSpec::new(format!("w{i}"), format!("http://127.0.0.1:{}", 9000 + i)));
     let router = Router::new(RoutingConfig::default(), specs.collect()).unwrap();
     let blocks: Vec<u64> = (0..400u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
     router.record(3, &blocks);

@@ -30,6 +30,8 @@ impl ExactPrompter {
             allow_public: false,
             allow_cidrs: fetch_cidrs.to_vec(),
             allow_hosts: vec!["localhost".to_owned()],
+            // A worker names an image by the uuid it is given (vLLM does), whatever the route.
+            trust_client_uuids: true,
             ..MediaConfig::default()
         };
         let pipeline = Pipeline::new(&PipelineConfig { model, media })?;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use index::{BlockIndex, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
-pub use worker::{LoadGuard, Worker, WorkerSpec};
+pub use worker::{Engine, LoadGuard, Worker, WorkerSpec};
 
 use policy::{Candidates, Policy};
 
@@ -301,7 +301,7 @@ mod tests {
     }
 
     fn specs(names: &[&str]) -> Vec<WorkerSpec> {
-        names.iter().map(|n| WorkerSpec { name: n.to_string(), url: "http://127.0.0.1:1".into() }).collect()
+        names.iter().map(|n| WorkerSpec::new(*n, "http://127.0.0.1:1")).collect()
     }
 
     #[test]

@@ -23,6 +23,24 @@ pub struct WorkerSpec {
     pub name: String,
     /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
     pub url: String,
+    pub engine: Engine,
+}
+
+impl WorkerSpec {
+    /// A vLLM worker.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> WorkerSpec {
+        WorkerSpec { name: name.into(), url: url.into(), engine: Engine::Vllm }
+    }
+}
+
+/// The inference engine behind a worker: what it accepts (vLLM takes an image part's `uuid` as the
+/// image's name) and how it publishes KV events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Sglang,
 }
 
 /// A worker and its live state. Shared (`Arc`) between the router, in-flight requests (their load
@@ -46,6 +64,10 @@ impl Worker {
 
     pub fn url(&self) -> &str {
         &self.spec.url
+    }
+
+    pub fn engine(&self) -> Engine {
+        self.spec.engine
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -147,7 +169,7 @@ mod tests {
     use super::*;
 
     fn worker(name: &str) -> Arc<Worker> {
-        Arc::new(Worker::new(WorkerSpec { name: name.into(), url: "http://127.0.0.1:1".into() }))
+        Arc::new(Worker::new(WorkerSpec::new(name, "http://127.0.0.1:1")))
     }
 
     const LOAD: Load = Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 };

@@ -5,7 +5,7 @@ use mmrouter_core::routing::{Decision, Load, PolicyKind, Router, RoutingConfig, 
 const BS: u32 = 16;
 
 fn names(n: usize) -> Vec<WorkerSpec> {
-    (0..n).map(|i| WorkerSpec { name: format!("w{i}"), url: format!("http://127.0.0.1:{}", 9000 + i) }).collect()
+    (0..n).map(|i| WorkerSpec::new(format!("w{i}"), format!("http://127.0.0.1:{}", 9000 + i))).collect()
 }
 
 /// Sets every worker's health from `healthy` (a missing entry is unhealthy), then selects.
