@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use index::{BlockIndex, MAX_WORKERS};
+pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
 pub use worker::{LoadGuard, Worker, WorkerSpec};
 
@@ -71,8 +71,8 @@ impl Default for RoutingConfig {
     }
 }
 
-/// Largest `index_max_blocks`: slots are `u32` and one value is reserved.
-const MAX_INDEX_BLOCKS: usize = (u32::MAX - 1) as usize;
+/// Largest `index_max_blocks` (the index's key table addresses at most 2^32 entries at load ≤ 3/4).
+const MAX_INDEX_BLOCKS: usize = index::MAX_BLOCKS;
 
 /// Why a routing configuration or router could not be built. Messages name the key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -194,7 +194,8 @@ impl Router {
             PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded),
         };
         Ok(Router {
-            index: BlockIndex::new(workers.len(), cfg.index_max_blocks, cfg.index_ttl_secs),
+            // Every dispatch is recorded as approximate for now, so the pending TTL is not used yet.
+            index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.index_ttl_secs),
             workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
             policy,
         })
@@ -215,7 +216,7 @@ impl Router {
         if !eligible.contains(&true) {
             return None;
         }
-        let overlap_blocks = self.index.probe(req.blocks);
+        let overlap_blocks = self.index.probe(req.blocks, self.workers.len());
         let inflight: Vec<InFlight> = self.workers.iter().map(|w| w.inflight()).collect();
         let candidates = Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
@@ -230,7 +231,7 @@ impl Router {
 
     /// Approximate mode: remember that `worker` now caches `blocks` (call after dispatch).
     pub fn record(&self, worker: usize, blocks: &[u64]) {
-        self.index.record(worker, blocks);
+        self.index.record(worker, blocks, Source::Approximate);
     }
 
     /// Takes `worker` out of rotation and forgets its blocks (it died, or stopped answering: it may
@@ -307,9 +308,9 @@ mod tests {
     fn router_rejects_too_many_or_duplicate_workers() {
         let names = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>();
         let n = |k| specs(&names(k).iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(Router::new(RoutingConfig::default(), n(64)).is_ok());
-        let e = Router::new(RoutingConfig::default(), n(65)).err().expect("65 workers rejected");
-        assert_eq!(e, RoutingError::TooManyWorkers { got: 65, max: 64 });
+        assert!(Router::new(RoutingConfig::default(), n(1024)).is_ok());
+        let e = Router::new(RoutingConfig::default(), n(1025)).err().expect("1025 workers rejected");
+        assert_eq!(e, RoutingError::TooManyWorkers { got: 1025, max: 1024 });
         assert_eq!(e.label(), "too_many_workers");
         let e = Router::new(RoutingConfig::default(), specs(&["a", "b", "a"])).err();
         assert_eq!(e.map(|e| e.label()), Some("duplicate_worker"));
