@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mmrouter_core::routing::{BlockIndex, Router, RoutingConfig, SelectRequest, WorkerSpec};
+use mmrouter_core::routing::{BlockIndex, Router, RoutingConfig, SelectRequest, Source, WorkerSpec};
 
 const WORKERS: usize = 8;
 const PROMPT_BLOCKS: u64 = 400;
@@ -23,20 +23,22 @@ fn fill(record: impl Fn(usize, &[u64])) {
 }
 
 fn index(c: &mut Criterion) {
-    let idx = BlockIndex::new(WORKERS, INDEX_BLOCKS, 600);
-    fill(|w, b| idx.record(w, b));
+    let idx = BlockIndex::new(INDEX_BLOCKS, 600, 30);
+    fill(|w, b| idx.record(w, b, Source::Approximate));
     assert_eq!(idx.len(), INDEX_BLOCKS);
     let hot = prompt(0);
-    c.bench_function("index_probe_400_blocks_hit", |b| b.iter(|| black_box(idx.probe(black_box(&hot)))));
+    c.bench_function("index_probe_400_blocks_hit", |b| b.iter(|| black_box(idx.probe(black_box(&hot), WORKERS))));
     let miss = prompt(1_000_000);
-    c.bench_function("index_probe_400_blocks_miss", |b| b.iter(|| black_box(idx.probe(black_box(&miss)))));
-    c.bench_function("index_record_400_blocks_refresh", |b| b.iter(|| idx.record(5, black_box(&hot))));
+    c.bench_function("index_probe_400_blocks_miss", |b| b.iter(|| black_box(idx.probe(black_box(&miss), WORKERS))));
+    c.bench_function("index_record_400_blocks_refresh", |b| {
+        b.iter(|| idx.record(5, black_box(&hot), Source::Approximate))
+    });
     // New keys every iteration: 400 inserts, each evicting the least recent key (the index is full).
     let mut seed = 2_000_000u64;
     c.bench_function("index_record_400_blocks_new_evicting", |b| {
         b.iter(|| {
             seed += 1;
-            idx.record((seed % WORKERS as u64) as usize, black_box(&prompt(seed)));
+            idx.record((seed % WORKERS as u64) as usize, black_box(&prompt(seed)), Source::Approximate);
         })
     });
 }

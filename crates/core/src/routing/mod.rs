@@ -3,10 +3,12 @@
 //!
 //! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the healthy workers (a
 //! [`Decision`] whose `candidates` a retry walks in order) → [`Router::begin`] (hold the load until the
-//! response ends) → [`Router::record`] (remember what the chosen worker now caches). Parts: [`worker`]
-//! (a worker owns its health and load), [`index`] (chained block keys → workers, TTL + global LRU
-//! budget), [`load`] (in-flight counters and the RAII guard), and one file per policy behind the
-//! `Policy` trait (`policy.rs`).
+//! response ends) → [`Router::record`] (remember what the chosen worker now caches: `Pending` until its
+//! events confirm it if the worker publishes KV events, `Approximate` otherwise). A worker's event feed
+//! reports through [`Router::store_events`], [`Router::remove_events`] and [`Router::clear_worker`].
+//! Parts: [`worker`] (a worker owns its health, load and event-feed flag), [`index`] (chained block keys →
+//! (worker, source) entries, TTLs + global LRU budget), [`load`] (in-flight counters and the RAII guard),
+//! and one file per policy behind the `Policy` trait (`policy.rs`).
 //!
 //! Every policy reports the per-worker overlap from the index, not just `kv`: a probe is a few
 //! microseconds (see `benches/index.rs`), and it keeps `mmrouter_kv_overlap_tokens` meaning the same
@@ -25,7 +27,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use index::{BlockIndex, MAX_WORKERS};
+pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
 pub use worker::{Engine, LoadGuard, Worker, WorkerSpec};
 
@@ -55,8 +57,11 @@ pub struct RoutingConfig {
     pub temperature: f64,
     /// Global budget of block keys in the index (all workers together), LRU-evicted.
     pub index_max_blocks: usize,
-    /// Seconds a recorded (block, worker) pair counts as cached (approximate mode).
+    /// Seconds a dispatch to a worker without KV events counts as cached there (`Approximate` entries).
     pub index_ttl_secs: u64,
+    /// Seconds a dispatch to a worker that publishes KV events counts as cached there until its own
+    /// event confirms it (`Pending` entries); unconfirmed, it expires.
+    pub pending_ttl_secs: u64,
 }
 
 impl Default for RoutingConfig {
@@ -68,12 +73,13 @@ impl Default for RoutingConfig {
             temperature: 0.0,
             index_max_blocks: 1_000_000,
             index_ttl_secs: 600,
+            pending_ttl_secs: 30,
         }
     }
 }
 
-/// Largest `index_max_blocks`: slots are `u32` and one value is reserved.
-const MAX_INDEX_BLOCKS: usize = (u32::MAX - 1) as usize;
+/// Largest `index_max_blocks` (the index's key table addresses at most 2^32 entries at load ≤ 3/4).
+const MAX_INDEX_BLOCKS: usize = index::MAX_BLOCKS;
 
 /// Why a routing configuration or router could not be built. Messages name the key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -118,9 +124,12 @@ impl RoutingConfig {
             return Err(RoutingError::OutOfRange { key: "routing.index_max_blocks", min: 1, max, value: blocks });
         }
         // Stamps are whole seconds in a u32.
-        if !(1..=u64::from(u32::MAX)).contains(&self.index_ttl_secs) {
-            let (max, value) = (u64::from(u32::MAX), self.index_ttl_secs);
-            return Err(RoutingError::OutOfRange { key: "routing.index_ttl_secs", min: 1, max, value });
+        for (key, value) in
+            [("routing.index_ttl_secs", self.index_ttl_secs), ("routing.pending_ttl_secs", self.pending_ttl_secs)]
+        {
+            if !(1..=u64::from(u32::MAX)).contains(&value) {
+                return Err(RoutingError::OutOfRange { key, min: 1, max: u64::from(u32::MAX), value });
+            }
         }
         Ok(())
     }
@@ -146,6 +155,9 @@ pub struct Decision {
     pub candidates: Vec<usize>,
     /// Leading blocks of the prompt each worker holds (index = worker).
     pub overlap_blocks: Vec<u32>,
+    /// The same overlap split by where the index learnt it (events, pending dispatches, approximate
+    /// dispatches), index = worker.
+    pub overlap_sources: Vec<Overlap>,
     /// Each worker's score under the policy, lower is better (kv: the cost; least_loaded: in-flight
     /// requests; round_robin: 0). NaN (`null` in JSON) for unhealthy workers.
     pub costs: Vec<f64>,
@@ -195,7 +207,7 @@ impl Router {
             PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded),
         };
         Ok(Router {
-            index: BlockIndex::new(workers.len(), cfg.index_max_blocks, cfg.index_ttl_secs),
+            index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs),
             workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
             policy,
         })
@@ -216,12 +228,13 @@ impl Router {
         if !eligible.contains(&true) {
             return None;
         }
-        let overlap_blocks = self.index.probe(req.blocks);
+        let overlap_sources = self.index.probe_detail(req.blocks, self.workers.len());
+        let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
         let inflight: Vec<InFlight> = self.workers.iter().map(|w| w.inflight()).collect();
         let candidates = Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
-        Some(Decision { candidates, overlap_blocks, costs: pick.costs, policy: self.policy.name() })
+        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, policy: self.policy.name() })
     }
 
     /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
@@ -229,9 +242,30 @@ impl Router {
         LoadGuard::hold(self.workers[worker].clone(), load)
     }
 
-    /// Approximate mode: remember that `worker` now caches `blocks` (call after dispatch).
+    /// Remembers that `worker` was sent a prompt with `blocks` (call at dispatch): `Pending` if the
+    /// worker publishes KV events (its events will confirm the blocks), `Approximate` otherwise.
     pub fn record(&self, worker: usize, blocks: &[u64]) {
-        self.index.record(worker, blocks);
+        let source = match self.workers.get(worker) {
+            Some(w) if w.publishes_events() => Source::Pending,
+            _ => Source::Approximate,
+        };
+        self.index.record(worker, blocks, source);
+    }
+
+    /// `worker`'s event feed announced `keys` (one `BlockStored`, in chain order).
+    pub fn store_events(&self, worker: usize, keys: &[u64]) {
+        self.index.store_events(worker, keys);
+    }
+
+    /// `worker`'s event feed announced that `keys` were evicted.
+    pub fn remove_events(&self, worker: usize, keys: &[u64]) {
+        self.index.remove_events(worker, keys);
+    }
+
+    /// Forgets every block `worker` holds, whatever the source: it went down, restarted, cleared its
+    /// cache, or its event feed is resyncing. Chunked, so probes keep running meanwhile.
+    pub fn clear_worker(&self, worker: usize) {
+        self.index.remove_worker(worker);
     }
 
     /// Takes `worker` out of rotation and forgets its blocks (it died, or stopped answering: it may
@@ -239,7 +273,7 @@ impl Router {
     pub fn mark_down(&self, worker: usize) -> bool {
         let was = self.workers[worker].set_healthy(false);
         if was {
-            self.index.remove_worker(worker);
+            self.clear_worker(worker);
         }
         was
     }
@@ -252,6 +286,11 @@ impl Router {
     /// Block keys the index holds.
     pub fn index_blocks(&self) -> usize {
         self.index.len()
+    }
+
+    /// (block, worker) entries the index holds, per source (for a gauge).
+    pub fn index_entries(&self) -> BySource {
+        self.index.counts()
     }
 
     /// In-flight load per worker (for `/debug` and tests).
@@ -278,7 +317,7 @@ mod tests {
         let c = RoutingConfig::default();
         assert_eq!(c.policy, PolicyKind::Kv);
         assert_eq!((c.prefill_weight, c.decode_weight, c.temperature), (1.0, 1.0, 0.0));
-        assert_eq!((c.index_max_blocks, c.index_ttl_secs), (1_000_000, 600));
+        assert_eq!((c.index_max_blocks, c.index_ttl_secs, c.pending_ttl_secs), (1_000_000, 600, 30));
         assert_eq!(c.validate(), Ok(()));
     }
 
@@ -298,6 +337,11 @@ mod tests {
         assert_eq!(e.label(), "out_of_range");
         assert!(e.to_string().contains("routing.index_max_blocks"), "{e}");
         assert!(bad(|c| c.index_ttl_secs = 0).to_string().contains("routing.index_ttl_secs"));
+        let e = bad(|c| c.pending_ttl_secs = 0);
+        assert_eq!(e.label(), "out_of_range");
+        assert!(e.to_string().starts_with("routing.pending_ttl_secs must be between 1 and 4294967295"), "{e}");
+        assert!(bad(|c| c.pending_ttl_secs = 1 << 40).to_string().contains("routing.pending_ttl_secs"));
+        assert!(bad(|c| c.index_max_blocks = MAX_INDEX_BLOCKS + 1).to_string().contains("routing.index_max_blocks"));
     }
 
     fn specs(names: &[&str]) -> Vec<WorkerSpec> {
@@ -308,9 +352,9 @@ mod tests {
     fn router_rejects_too_many_or_duplicate_workers() {
         let names = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>();
         let n = |k| specs(&names(k).iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(Router::new(RoutingConfig::default(), n(64)).is_ok());
-        let e = Router::new(RoutingConfig::default(), n(65)).err().expect("65 workers rejected");
-        assert_eq!(e, RoutingError::TooManyWorkers { got: 65, max: 64 });
+        assert!(Router::new(RoutingConfig::default(), n(1024)).is_ok());
+        let e = Router::new(RoutingConfig::default(), n(1025)).err().expect("1025 workers rejected");
+        assert_eq!(e, RoutingError::TooManyWorkers { got: 1025, max: 1024 });
         assert_eq!(e.label(), "too_many_workers");
         let e = Router::new(RoutingConfig::default(), specs(&["a", "b", "a"])).err();
         assert_eq!(e.map(|e| e.label()), Some("duplicate_worker"));

@@ -1,4 +1,5 @@
-//! One worker of the pool and the state it owns: its name and URL, its health, and its in-flight load.
+//! One worker of the pool and the state it owns: its name and URL, its health, its in-flight load, and
+//! whether it publishes KV-cache events (which decides how the router records a dispatch to it).
 //!
 //! A request's load is held by a [`LoadGuard`]: [`super::Router::begin`] adds the load to its worker
 //! and returns the guard, which is the only way to release it. [`LoadGuard::first_byte`] releases the
@@ -49,13 +50,19 @@ pub enum Engine {
 pub struct Worker {
     spec: WorkerSpec,
     healthy: AtomicBool,
+    publishes_events: AtomicBool,
     pub(crate) load: LoadCounters,
 }
 
 impl Worker {
     /// A worker starts healthy: the first failed check or connect takes it out.
     pub fn new(spec: WorkerSpec) -> Worker {
-        Worker { spec, healthy: AtomicBool::new(true), load: LoadCounters::default() }
+        Worker {
+            spec,
+            healthy: AtomicBool::new(true),
+            publishes_events: AtomicBool::new(false),
+            load: LoadCounters::default(),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -77,6 +84,17 @@ impl Worker {
     /// Sets the flag; returns the previous value.
     pub(crate) fn set_healthy(&self, healthy: bool) -> bool {
         self.healthy.swap(healthy, Ordering::Relaxed)
+    }
+
+    /// True while the router follows this worker's KV-cache events: a dispatch is then recorded as
+    /// `Pending` (confirmed by the worker's events) rather than `Approximate`. Starts false.
+    pub fn publishes_events(&self) -> bool {
+        self.publishes_events.load(Ordering::Relaxed)
+    }
+
+    /// Set by whoever follows the worker's event feed (true once subscribed, false when the feed is lost).
+    pub fn set_publishes_events(&self, on: bool) {
+        self.publishes_events.store(on, Ordering::Relaxed);
     }
 
     /// The load currently held on this worker.

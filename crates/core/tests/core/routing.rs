@@ -1,6 +1,6 @@
 //! Behaviour of the routing facade: the policies' choices given index contents and in-flight load.
 
-use mmrouter_core::routing::{Decision, Load, PolicyKind, Router, RoutingConfig, SelectRequest, WorkerSpec};
+use mmrouter_core::routing::{BySource, Decision, Load, PolicyKind, Router, RoutingConfig, SelectRequest, WorkerSpec};
 
 const BS: u32 = 16;
 
@@ -246,6 +246,8 @@ fn decision_serialises_unhealthy_costs_as_null() {
     assert_eq!(v["candidates"], serde_json::json!([0]));
     assert_eq!(v["costs"], serde_json::json!([32.0, null]));
     assert_eq!(v["overlap_blocks"], serde_json::json!([0, 0]));
+    let none = serde_json::json!({"blocks": 0, "events": 0, "pending": 0, "approximate": 0});
+    assert_eq!(v["overlap_sources"], serde_json::json!([none, none]));
     assert_eq!(v["policy"], "kv");
 }
 
@@ -262,4 +264,61 @@ fn config_parses_snake_case_policies_and_rejects_unknown_keys() {
     assert_eq!(parse(r#"{"routing": {"policy": "round_robin"}}"#).expect("valid").policy, PolicyKind::RoundRobin);
     assert!(parse(r#"{"routing": {"policy": "random"}}"#).is_err());
     assert!(parse(r#"{"routing": {"temprature": 1}}"#).is_err());
+    assert_eq!(parse(r#"{"routing": {"pending_ttl_secs": 5}}"#).expect("valid").pending_ttl_secs, 5);
+}
+
+#[test]
+fn a_dispatch_is_pending_on_an_event_worker_and_approximate_elsewhere() {
+    let r = router(PolicyKind::Kv, 2);
+    let b = blocks(13, 6);
+    r.worker(0).set_publishes_events(true);
+    assert!(r.worker(0).publishes_events() && !r.worker(1).publishes_events());
+    r.record(0, &b);
+    r.record(1, &b[..4]);
+    let d = select(&r, &req(&b), &[true, true]).expect("healthy");
+    assert_eq!(d.overlap_blocks, vec![6, 4]);
+    let o = &d.overlap_sources;
+    assert_eq!((o[0].blocks, o[0].pending, o[0].events, o[0].approximate), (6, 6, 0, 0));
+    assert_eq!((o[1].blocks, o[1].approximate), (4, 4));
+    // The worker's events confirm the first blocks; a later dispatch does not downgrade them.
+    r.store_events(0, &b[..3]);
+    r.record(0, &b);
+    let d = select(&r, &req(&b), &[true, true]).expect("healthy");
+    assert_eq!((d.overlap_sources[0].events, d.overlap_sources[0].pending), (3, 3));
+    assert_eq!(r.index_entries(), BySource { events: 3, pending: 3, approximate: 4 });
+    let v = serde_json::to_value(&d).expect("serialisable");
+    assert_eq!(v["overlap_sources"][0], serde_json::json!({"blocks": 6, "events": 3, "pending": 3, "approximate": 0}));
+}
+
+#[test]
+fn event_removals_and_clears_reach_the_index() {
+    let r = router(PolicyKind::Kv, 3);
+    let b = blocks(14, 5);
+    for w in 0..3 {
+        r.worker(w).set_publishes_events(true);
+        r.store_events(w, &b);
+    }
+    r.remove_events(1, &b[2..3]); // evicted in the middle: the overlap ends before it
+    r.clear_worker(2); // e.g. the worker's feed resyncs
+    let d = select(&r, &req(&b), &[true; 3]).expect("healthy");
+    assert_eq!(d.overlap_blocks, vec![5, 2, 0]);
+    assert_eq!(r.index_entries().events, 5 + 4);
+    // A worker that goes down forgets its events too; the keys only it held go.
+    assert!(r.mark_down(0));
+    assert_eq!(r.index_entries().events, 4);
+    assert_eq!(r.index_blocks(), 4);
+}
+
+#[test]
+fn a_thousand_and_twenty_four_workers_route_to_the_longest_cache() {
+    let r = router(PolicyKind::Kv, 1024);
+    let b = blocks(15, 40);
+    for w in 0..1024 {
+        // Every worker holds the 8-block head; worker 1023 holds the whole prompt.
+        r.store_events(w, &b[..if w == 1023 { 40 } else { 8 }]);
+    }
+    let d = r.select(&req(&b)).expect("healthy");
+    assert_eq!(d.worker(), 1023);
+    assert_eq!(d.candidates.len(), 1024);
+    assert_eq!((d.overlap_blocks[0], d.overlap_blocks[1023]), (8, 40));
 }

@@ -1,0 +1,308 @@
+//! The block index: which worker holds which chained KV block key, and how the router knows it.
+//!
+//! Keys are *chained* (each key encodes its whole prefix), so a worker's overlap with a prompt is the
+//! number of leading blocks it holds: [`BlockIndex::probe`] walks the prompt's blocks in order,
+//! narrowing the set of workers still matching, and stops when that set is empty. A gap ends a worker's
+//! count even if later blocks are present.
+//!
+//! **Sources.** Every (key, worker) entry has one [`Source`]:
+//! - `Event`: the worker announced the block in its KV-cache events ([`BlockIndex::store_events`]). Held
+//!   until the worker removes it ([`BlockIndex::remove_events`]) or is cleared; no TTL.
+//! - `Pending`: the router dispatched a prompt to a worker that publishes events. It counts as held at
+//!   once (two requests with the same new prefix a millisecond apart still meet) for `pending_ttl`,
+//!   until the worker's own event upgrades it to `Event`; never confirmed, it expires.
+//! - `Approximate`: a dispatch to a worker without events (the router's guess), held for `approx_ttl`.
+//!
+//! A dispatch record never downgrades an `Event` entry (it only refreshes the key's LRU position); an
+//! event upgrades any entry; a removal deletes the entry whatever its source. Stamps are whole seconds
+//! since the index was created; an entry is fresh while `now − stamp ≤ ttl`.
+//!
+//! **Memory is bounded by one global budget of keys** (`max_blocks`, LRU over keys, never per worker):
+//! inserting a key beyond it evicts the least recently written key for every worker. Writes touch a
+//! prompt's blocks last-to-first, so its head is the most recent and the tail of a prefix is evicted
+//! before its head (a lost head block makes every later block useless). Probes do not refresh
+//! recency. A key costs a 32-byte node (two holders inline) and an 8-byte table entry at a load factor
+//! between 3/8 and 3/4 (~11–21 bytes per key); keys held by three or more workers add a heap list of
+//! 8 bytes per holder. The holders of a key are at most one per worker, and per-worker state is a
+//! fixed [`MAX_WORKERS`]-entry counter table, so nothing grows beyond the budget.
+//!
+//! **Locking.** One `Mutex`. A probe holds it for O(blocks + holders met) — a few microseconds for a
+//! long prompt (`benches/index.rs`). Writes are applied in chunks of at most [`WRITE_CHUNK`] keys per
+//! lock hold and [`BlockIndex::remove_worker`] scans [`SCAN_CHUNK`] slots per hold, so a large event
+//! batch or a worker reset never keeps a probe waiting for more than one chunk. A write is therefore
+//! not atomic: a probe may see part of it (the tail first, as keys are applied last-to-first, so a
+//! partial write shows up as a shorter overlap, never a longer one).
+
+mod holders;
+mod set;
+mod store;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use self::holders::Holder;
+use self::set::WorkerSet;
+use self::store::{Store, Ttls, Write};
+
+/// Most workers one index (and therefore one router) can track: worker ids are `0..MAX_WORKERS`.
+pub const MAX_WORKERS: usize = 1024;
+
+/// Most keys written per lock hold: a 256-key chunk takes tens of microseconds at most.
+pub const WRITE_CHUNK: usize = 256;
+
+/// Most slots [`BlockIndex::remove_worker`] scans per lock hold (a scan step is a few nanoseconds).
+pub const SCAN_CHUNK: usize = 4096;
+
+/// Most keys the budget may name (the table's addressing limit).
+pub const MAX_BLOCKS: usize = table::MAX_KEYS;
+
+/// Where a (key, worker) entry comes from; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Event = 0,
+    Pending = 1,
+    Approximate = 2,
+}
+
+/// How many leading blocks of a prompt a worker holds, and from which source each came.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Overlap {
+    /// `events + pending + approximate`.
+    pub blocks: u32,
+    pub events: u32,
+    pub pending: u32,
+    pub approximate: u32,
+}
+
+/// Entries per source (stored ones: an expired entry counts until it is swept; see the `store` module).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BySource {
+    pub events: usize,
+    pub pending: usize,
+    pub approximate: usize,
+}
+
+impl BySource {
+    fn slot(&mut self, source: Source) -> &mut usize {
+        match source {
+            Source::Event => &mut self.events,
+            Source::Pending => &mut self.pending,
+            Source::Approximate => &mut self.approximate,
+        }
+    }
+
+    fn add(&mut self, h: Holder) {
+        *self.slot(h.source) += 1;
+    }
+
+    fn sub(&mut self, h: Holder) {
+        *self.slot(h.source) -= 1;
+    }
+
+    /// All entries.
+    pub fn total(&self) -> usize {
+        self.events + self.pending + self.approximate
+    }
+}
+
+/// Thread-safe index of chained block keys → workers; see the module docs.
+pub struct BlockIndex {
+    store: Mutex<Store>,
+    epoch: Instant,
+    ttls: Ttls,
+    /// Called after every chunk of a write, with the lock released (tests interleave probes there).
+    #[cfg(test)]
+    after_chunk: Mutex<Option<Box<dyn FnMut() + Send>>>,
+}
+
+impl BlockIndex {
+    /// An index of at most `max_blocks` keys (clamped to 1..=[`MAX_BLOCKS`]; `RoutingConfig::validate`
+    /// rejects values outside it) whose approximate entries live `approx_ttl_secs` and unconfirmed
+    /// pending ones `pending_ttl_secs` (both capped at `u32::MAX`). The key table for the whole budget is
+    /// allocated here, zeroed (8 bytes × up to 4/3 × 2 × `max_blocks`; the OS commits pages as keys arrive).
+    pub fn new(max_blocks: usize, approx_ttl_secs: u64, pending_ttl_secs: u64) -> BlockIndex {
+        let secs = |s: u64| u32::try_from(s).unwrap_or(u32::MAX);
+        BlockIndex {
+            store: Mutex::new(Store::new(max_blocks.clamp(1, MAX_BLOCKS), rand::random())),
+            epoch: Instant::now(),
+            ttls: Ttls { pending: secs(pending_ttl_secs), approximate: secs(approx_ttl_secs) },
+            #[cfg(test)]
+            after_chunk: Mutex::new(None),
+        }
+    }
+
+    /// Keys currently held (never more than the budget).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entries per source, for a gauge.
+    pub fn counts(&self) -> BySource {
+        self.lock().counts()
+    }
+
+    /// Per worker `0..workers`, the number of leading `blocks` it holds (fresh entries of any source).
+    pub fn probe(&self, blocks: &[u64], workers: usize) -> Vec<u32> {
+        self.probe_at(blocks, workers, Instant::now())
+    }
+
+    /// [`probe`](Self::probe) at an explicit time (the injectable clock for tests).
+    pub fn probe_at(&self, blocks: &[u64], workers: usize, now: Instant) -> Vec<u32> {
+        self.probe_detail_at(blocks, workers, now).into_iter().map(|o| o.blocks).collect()
+    }
+
+    /// Per worker `0..workers`, its leading blocks and how many of them each source contributed.
+    pub fn probe_detail(&self, blocks: &[u64], workers: usize) -> Vec<Overlap> {
+        self.probe_detail_at(blocks, workers, Instant::now())
+    }
+
+    /// [`probe_detail`](Self::probe_detail) at an explicit time.
+    pub fn probe_detail_at(&self, blocks: &[u64], workers: usize, now: Instant) -> Vec<Overlap> {
+        let workers = workers.min(MAX_WORKERS);
+        let words = set::words(workers);
+        let mut out = vec![Overlap::default(); workers];
+        let mut alive = WorkerSet::first(workers);
+        let mut still = WorkerSet::EMPTY;
+        if workers == 0 {
+            return out;
+        }
+        let now = self.stamp(now);
+        let store = self.lock();
+        for (i, key) in blocks.iter().enumerate() {
+            still.clear(words);
+            if let Some(holders) = store.holders(*key) {
+                holders.for_each(|h| {
+                    let w = usize::from(h.worker);
+                    if alive.contains(w) && self.ttls.fresh(h, now) {
+                        still.insert(w);
+                        count_source(&mut out[w], h.source);
+                    }
+                });
+            }
+            // Workers dropping out here held exactly the blocks before this one.
+            alive.for_each_missing(&still, words, |w| out[w].blocks = i as u32);
+            if still.is_empty(words) {
+                return out;
+            }
+            std::mem::swap(&mut alive, &mut still);
+        }
+        let held = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+        alive.for_each(words, |w| out[w].blocks = held);
+        out
+    }
+
+    /// A dispatch: `worker` was sent a prompt with `blocks` (`Source::Pending` if it publishes events,
+    /// `Source::Approximate` if not; `Source::Event` is the same as [`store_events`](Self::store_events)).
+    /// Out-of-range workers are ignored.
+    pub fn record(&self, worker: usize, blocks: &[u64], source: Source) {
+        self.record_at(worker, blocks, source, Instant::now());
+    }
+
+    /// [`record`](Self::record) at an explicit time.
+    pub fn record_at(&self, worker: usize, blocks: &[u64], source: Source, now: Instant) {
+        self.write(Write::Put(source), worker, blocks, now);
+    }
+
+    /// `worker` announced it now caches `keys` (a `BlockStored` event, keys in chain order).
+    pub fn store_events(&self, worker: usize, keys: &[u64]) {
+        self.store_events_at(worker, keys, Instant::now());
+    }
+
+    /// [`store_events`](Self::store_events) at an explicit time.
+    pub fn store_events_at(&self, worker: usize, keys: &[u64], now: Instant) {
+        self.write(Write::Put(Source::Event), worker, keys, now);
+    }
+
+    /// `worker` evicted `keys` (a `BlockRemoved` event): its entries go, whatever their source.
+    pub fn remove_events(&self, worker: usize, keys: &[u64]) {
+        self.remove_events_at(worker, keys, Instant::now());
+    }
+
+    /// [`remove_events`](Self::remove_events) at an explicit time (the clean-up after each chunk uses it).
+    pub fn remove_events_at(&self, worker: usize, keys: &[u64], now: Instant) {
+        self.write(Write::Remove, worker, keys, now);
+    }
+
+    /// Forgets everything `worker` holds, whatever the source (it died, restarted, or its event feed is
+    /// resyncing). O(slots) in chunks of [`SCAN_CHUNK`]; stops as soon as the worker holds nothing.
+    pub fn remove_worker(&self, worker: usize) {
+        let Some(worker) = worker_id(worker) else {
+            return;
+        };
+        let mut start = 0;
+        loop {
+            {
+                let mut store = self.lock();
+                if store.held_by(worker) == 0 || start >= store.slots() {
+                    return;
+                }
+                store.clear_worker_in(worker, start..start + SCAN_CHUNK);
+            }
+            self.chunk_done();
+            start += SCAN_CHUNK;
+        }
+    }
+
+    /// Applies `op` to `keys` last-to-first, [`WRITE_CHUNK`] keys per lock hold.
+    fn write(&self, op: Write, worker: usize, keys: &[u64], now: Instant) {
+        let Some(worker) = worker_id(worker) else {
+            return;
+        };
+        let now = self.stamp(now);
+        for chunk in keys.rchunks(WRITE_CHUNK) {
+            {
+                let mut store = self.lock();
+                for &key in chunk.iter().rev() {
+                    store.write(op, key, worker, now, self.ttls);
+                }
+                store.sweep(now, self.ttls, chunk.len());
+            }
+            self.chunk_done();
+        }
+    }
+
+    #[cfg(not(test))]
+    fn chunk_done(&self) {}
+
+    #[cfg(test)]
+    fn chunk_done(&self) {
+        if let Some(hook) = self.after_chunk.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            hook();
+        }
+    }
+
+    fn stamp(&self, now: Instant) -> u32 {
+        u32::try_from(now.saturating_duration_since(self.epoch).as_secs()).unwrap_or(u32::MAX)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        // Store updates cannot panic half-way, so a poisoned lock still guards a consistent index.
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn worker_id(worker: usize) -> Option<u16> {
+    if worker < MAX_WORKERS {
+        u16::try_from(worker).ok()
+    } else {
+        None
+    }
+}
+
+fn count_source(o: &mut Overlap, source: Source) {
+    match source {
+        Source::Event => o.events += 1,
+        Source::Pending => o.pending += 1,
+        Source::Approximate => o.approximate += 1,
+    }
+}

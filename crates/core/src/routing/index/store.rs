@@ -1,0 +1,297 @@
+//! The unsynchronised index behind [`super::BlockIndex`]'s lock: a slab of nodes (one per key), the
+//! key → slot [`Table`], an intrusive LRU list over the nodes, and running counts.
+//!
+//! A node is 32 bytes: the key, its two LRU links and its [`Holders`] (two inline). Freed slots are
+//! threaded through their `next` link and reused before the slab grows, so the slab never holds more
+//! than `max_blocks` nodes. Expired entries are dropped lazily — when their key is written, when the key
+//! reaches the LRU tail, or when the sweep hand passes its slot — so nothing here needs a timer.
+
+use super::holders::{Holder, Holders};
+use super::table::Table;
+use super::{BySource, Source, MAX_WORKERS, WRITE_CHUNK};
+
+/// Sentinel for "no slot" in the LRU and free lists.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// Entry lifetimes in whole seconds (stamps are whole seconds since the index was created).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ttls {
+    pub pending: u32,
+    pub approximate: u32,
+}
+
+impl Ttls {
+    /// An event entry is held until removed; the others for their TTL after their stamp.
+    pub(super) fn fresh(&self, h: Holder, now: u32) -> bool {
+        let age = now.saturating_sub(h.stamp);
+        match h.source {
+            Source::Event => true,
+            Source::Pending => age <= self.pending,
+            Source::Approximate => age <= self.approximate,
+        }
+    }
+}
+
+pub(super) struct Node {
+    key: u64,
+    prev: u32,
+    next: u32,
+    holders: Holders,
+}
+
+const _: () = assert!(std::mem::size_of::<Node>() == 32);
+
+/// What one write does to one (key, worker) entry.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Write {
+    /// A dispatch record or an event: install or refresh (never downgrading an event), LRU to the front.
+    Put(Source),
+    /// The worker dropped the block: remove its entry whatever its source (the LRU order is unchanged).
+    Remove,
+}
+
+pub(super) struct Store {
+    table: Table,
+    nodes: Vec<Node>,
+    /// First free slot (linked through `next`), or NIL.
+    free: u32,
+    /// LRU list, most recent first.
+    head: u32,
+    tail: u32,
+    len: usize,
+    max_blocks: usize,
+    counts: BySource,
+    /// Entries per worker: lets `clear_worker` stop as soon as the worker's last entry is gone.
+    per_worker: Vec<u32>,
+    /// Next slot the sweep looks at.
+    hand: usize,
+}
+
+impl Store {
+    pub(super) fn new(max_blocks: usize, seed: u64) -> Store {
+        Store {
+            table: Table::new(max_blocks, seed),
+            nodes: Vec::new(),
+            free: NIL,
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            max_blocks,
+            counts: BySource::default(),
+            per_worker: vec![0; MAX_WORKERS],
+            hand: 0,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn counts(&self) -> BySource {
+        self.counts
+    }
+
+    /// Slots the slab has (live or free): the range `clear_worker` scans.
+    pub(super) fn slots(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(super) fn held_by(&self, worker: u16) -> u32 {
+        self.per_worker[usize::from(worker)]
+    }
+
+    /// The holders of `key`, if the index has it.
+    pub(super) fn holders(&self, key: u64) -> Option<&Holders> {
+        let slot = self.find(key)?;
+        Some(&self.nodes[slot as usize].holders)
+    }
+
+    /// Applies one write for (`key`, `worker`) at stamp `now`.
+    pub(super) fn write(&mut self, op: Write, key: u64, worker: u16, now: u32, ttls: Ttls) {
+        match (op, self.find(key)) {
+            (Write::Put(source), Some(slot)) => self.put_existing(slot, worker, source, now, ttls),
+            (Write::Put(source), None) => self.insert(key, Holder { worker, source, stamp: now }),
+            (Write::Remove, Some(slot)) => self.remove_holder(slot, worker),
+            (Write::Remove, None) => {}
+        }
+    }
+
+    /// Removes `worker` from the live keys in `slots`.
+    pub(super) fn clear_worker_in(&mut self, worker: u16, slots: std::ops::Range<usize>) {
+        for slot in slots.start..slots.end.min(self.nodes.len()) {
+            if !self.nodes[slot].holders.is_empty() {
+                self.remove_holder(slot as u32, worker);
+            }
+        }
+    }
+
+    /// Bounded clean-up after a write of `written` keys: up to [`WRITE_CHUNK`] keys from the LRU tail
+    /// that no fresh entry holds, and `2 × written` slots of the sweep hand (expired entries dropped,
+    /// emptied keys freed). The hand outpaces the slab's growth (at most one slot per key written), so
+    /// it passes every slot again and again: expired entries in the middle of the LRU list go too, at
+    /// a cost proportional to the writes.
+    pub(super) fn sweep(&mut self, now: u32, ttls: Ttls, written: usize) {
+        for _ in 0..WRITE_CHUNK {
+            let tail = self.tail;
+            if tail == NIL || self.has_fresh(tail, now, ttls) {
+                break;
+            }
+            self.remove_key(tail);
+        }
+        for _ in 0..(2 * written).min(self.nodes.len()) {
+            if self.hand >= self.nodes.len() {
+                self.hand = 0;
+            }
+            let slot = self.hand as u32;
+            self.hand += 1;
+            if !self.nodes[slot as usize].holders.is_empty() {
+                self.prune(slot, now, ttls);
+            }
+        }
+    }
+
+    fn find(&self, key: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.table.get(key, |slot| nodes[slot as usize].key)
+    }
+
+    fn put_existing(&mut self, slot: u32, worker: u16, source: Source, now: u32, ttls: Ttls) {
+        // Expired entries go first (the key may be left empty for a moment: the set below refills it).
+        self.drop_expired(slot, now, ttls);
+        let holders = &mut self.nodes[slot as usize].holders;
+        // A dispatch never downgrades what the worker itself announced.
+        let source = match holders.get(worker) {
+            Some(old) if old.source == Source::Event => Source::Event,
+            _ => source,
+        };
+        let new = Holder { worker, source, stamp: now };
+        if let Some(old) = holders.set(new) {
+            self.count_sub(old);
+        }
+        self.count_add(new);
+        self.unlink(slot);
+        self.push_front(slot);
+    }
+
+    fn insert(&mut self, key: u64, h: Holder) {
+        if self.len >= self.max_blocks {
+            // The global budget: the least recently written key goes, for every worker.
+            self.remove_key(self.tail);
+        }
+        let mut holders = Holders::NONE;
+        holders.set(h);
+        let node = Node { key, prev: NIL, next: NIL, holders };
+        let slot = match self.free {
+            NIL => {
+                // len < max_blocks ≤ table::MAX_KEYS < u32::MAX, and free slots are used first.
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+            slot => {
+                self.free = self.nodes[slot as usize].next;
+                self.nodes[slot as usize] = node;
+                slot
+            }
+        };
+        self.table.insert(key, slot);
+        self.len += 1;
+        self.count_add(h);
+        self.push_front(slot);
+    }
+
+    fn remove_holder(&mut self, slot: u32, worker: u16) {
+        if let Some(old) = self.nodes[slot as usize].holders.remove(worker) {
+            self.count_sub(old);
+        }
+        if self.nodes[slot as usize].holders.is_empty() {
+            self.remove_key(slot);
+        }
+    }
+
+    /// Drops `slot`'s expired entries, and the key if none is left.
+    fn prune(&mut self, slot: u32, now: u32, ttls: Ttls) {
+        self.drop_expired(slot, now, ttls);
+        if self.nodes[slot as usize].holders.is_empty() {
+            self.remove_key(slot);
+        }
+    }
+
+    /// Drops `slot`'s expired entries, leaving the key in place even if it is left empty.
+    fn drop_expired(&mut self, slot: u32, now: u32, ttls: Ttls) {
+        let Store { nodes, counts, per_worker, .. } = self;
+        nodes[slot as usize].holders.retain(|h| {
+            let keep = ttls.fresh(h, now);
+            if !keep {
+                counts.sub(h);
+                per_worker[usize::from(h.worker)] -= 1;
+            }
+            keep
+        });
+    }
+
+    fn has_fresh(&self, slot: u32, now: u32, ttls: Ttls) -> bool {
+        let mut fresh = false;
+        self.nodes[slot as usize].holders.for_each(|h| fresh |= ttls.fresh(h, now));
+        fresh
+    }
+
+    /// Frees `slot`'s key for every worker. A NIL slot (empty list) is ignored.
+    fn remove_key(&mut self, slot: u32) {
+        if slot == NIL {
+            return;
+        }
+        self.unlink(slot);
+        let Store { nodes, counts, per_worker, table, .. } = self;
+        let key = nodes[slot as usize].key;
+        table.remove(key, |s| nodes[s as usize].key);
+        let node = &mut nodes[slot as usize];
+        node.holders.for_each(|h| {
+            counts.sub(h);
+            per_worker[usize::from(h.worker)] -= 1;
+        });
+        node.holders = Holders::NONE; // releases a heap list now, not when the slot is reused
+        node.next = self.free;
+        self.free = slot;
+        self.len -= 1;
+    }
+
+    fn count_add(&mut self, h: Holder) {
+        self.counts.add(h);
+        self.per_worker[usize::from(h.worker)] += 1;
+    }
+
+    fn count_sub(&mut self, h: Holder) {
+        self.counts.sub(h);
+        self.per_worker[usize::from(h.worker)] -= 1;
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let (prev, next) = {
+            let n = &self.nodes[slot as usize];
+            (n.prev, n.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.nodes[n as usize].prev = prev,
+        }
+        let n = &mut self.nodes[slot as usize];
+        n.prev = NIL;
+        n.next = NIL;
+    }
+
+    fn push_front(&mut self, slot: u32) {
+        let old = self.head;
+        let n = &mut self.nodes[slot as usize];
+        n.prev = NIL;
+        n.next = old;
+        match old {
+            NIL => self.tail = slot,
+            o => self.nodes[o as usize].prev = slot,
+        }
+        self.head = slot;
+    }
+}
