@@ -10,6 +10,7 @@ pub mod config;
 pub mod count;
 pub mod demo;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod observe;
 pub mod proxy;

@@ -34,6 +34,23 @@ pub const INDEX_BLOCKS: &str = "mmrouter_index_blocks";
 /// Counter `{worker, status}`: every upstream attempt.
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "mmrouter_upstream_requests_total";
 
+/// Gauge `{source}`: (block, worker) index entries by where they came from (`events`, `pending`,
+/// `approximate`).
+pub const INDEX_BLOCKS_BY_SOURCE: &str = "mmrouter_index_blocks_by_source";
+/// Counter `{worker, kind}`: blocks of a worker's KV events, by what became of them (`stored`, `removed`,
+/// `cleared`, `ignored`, `orphan`, `unmatchable`, `block_size_mismatch`, `unknown`).
+pub const KV_EVENTS_TOTAL: &str = "mmrouter_kv_events_total";
+/// Counter `{worker}`: event batches received.
+pub const KV_EVENT_BATCHES_TOTAL: &str = "mmrouter_kv_event_batches_total";
+/// Counter `{worker}`: frames that could not be decoded (skipped).
+pub const KV_EVENT_MALFORMED_TOTAL: &str = "mmrouter_kv_event_malformed_total";
+/// Counter `{worker, kind}`: sequence problems (`gap`, `replay`, `replay_failure`, `resync`, `restart`).
+pub const KV_EVENT_SEQUENCE_TOTAL: &str = "mmrouter_kv_event_sequence_total";
+/// Gauge `{worker}`: 1 while every rank's subscription is connected.
+pub const KV_EVENT_CONNECTED: &str = "mmrouter_kv_event_connected";
+/// Histogram `{worker}`: now minus the batch's engine timestamp, seconds.
+pub const KV_EVENT_LAG_SECONDS: &str = "mmrouter_kv_event_lag_seconds";
+
 /// `stage` label values of [`STAGE_DURATION_SECONDS`], in pipeline order.
 pub mod stage {
     pub const INTAKE: &str = "intake";
@@ -51,7 +68,11 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
+use std::sync::Arc;
+
 use mmrouter_core::routing::Router;
+
+use crate::events::WorkerFeeds;
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
@@ -81,6 +102,9 @@ pub struct Observer {
     stages: Cache<&'static str, Histogram>,
     probes: Cache<&'static str, Histogram>,
     worker_gauges: Cache<(&'static str, String), Gauge>,
+    worker_counters: Cache<(&'static str, String, &'static str), Counter>,
+    event_lag: Cache<String, Histogram>,
+    index_by_source: Cache<&'static str, Gauge>,
     image_tokens: Histogram,
     images: Histogram,
     drift: Histogram,
@@ -113,6 +137,9 @@ impl Observer {
             stages: Cache::new(),
             probes: Cache::new(),
             worker_gauges: Cache::new(),
+            worker_counters: Cache::new(),
+            event_lag: Cache::new(),
+            index_by_source: Cache::new(),
         }
     }
 
@@ -201,9 +228,75 @@ impl Observer {
         self.drift.clone()
     }
 
-    /// The Prometheus text exposition, with the worker gauges and the index size read from `router`.
-    pub fn render(&self, router: &Router) -> String {
+    /// A KV-event batch from `worker` arrived `secs` after the engine stamped it.
+    pub fn event_lag(&self, worker: &str, secs: f64) {
+        let h = self.event_lag.get(worker.to_owned(), |w| self.histogram(KV_EVENT_LAG_SECONDS, &[("worker", w)]));
+        h.record(secs);
+    }
+
+    /// A counter that mirrors a monotonic count kept elsewhere (feed and event-state counters).
+    fn mirror(&self, name: &'static str, worker: &str, kind: &'static str, value: u64) {
+        let key = (name, worker.to_owned(), kind);
+        let c = self.worker_counters.get(key, |(n, w, k)| {
+            let labels: &[(&'static str, &str)] =
+                if k.is_empty() { &[("worker", w)] } else { &[("worker", w), ("kind", k)] };
+            self.counter(n, labels)
+        });
+        c.absolute(value);
+    }
+
+    /// The KV-event feeds' counters and connection state, read when `/metrics` is scraped.
+    fn render_feeds(&self, router: &Router, feeds: &[Arc<WorkerFeeds>]) {
+        for f in feeds {
+            let name = router.worker(f.worker).name();
+            let c = f.counts();
+            for (kind, v) in [
+                ("stored", c.stored_blocks),
+                ("removed", c.removed_blocks),
+                ("cleared", c.cleared),
+                ("ignored", c.ignored_blocks),
+                ("orphan", c.orphan_blocks),
+                ("unmatchable", c.unmatchable_blocks),
+                ("block_size_mismatch", c.block_size_mismatch),
+                ("unknown", c.unknown),
+            ] {
+                self.mirror(KV_EVENTS_TOTAL, name, kind, v);
+            }
+            let stats = f.stats();
+            let sum = |get: fn(&mmrouter_kv_events::FeedStats) -> u64| stats.iter().map(get).sum::<u64>();
+            self.mirror(KV_EVENT_BATCHES_TOTAL, name, "", sum(|s| s.batches));
+            self.mirror(KV_EVENT_MALFORMED_TOTAL, name, "", sum(|s| s.malformed));
+            for (kind, v) in [
+                ("gap", sum(|s| s.gaps)),
+                ("replay", sum(|s| s.replays)),
+                ("replay_failure", sum(|s| s.replay_failures)),
+                ("resync", sum(|s| s.resyncs)),
+                ("restart", sum(|s| s.restarts + s.reconnect_resets)),
+            ] {
+                self.mirror(KV_EVENT_SEQUENCE_TOTAL, name, kind, v);
+            }
+            let connected = !stats.is_empty() && stats.iter().all(|s| s.connected);
+            let g = self.worker_gauges.get((KV_EVENT_CONNECTED, name.to_owned()), |(n, w)| {
+                self.recorder.register_gauge(&Self::key(n, &[("worker", w)]), &METADATA)
+            });
+            g.set(if connected { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// The Prometheus text exposition, with the worker gauges, the index size and the event feeds'
+    /// counters read from their owners.
+    pub fn render(&self, router: &Router, feeds: &[Arc<WorkerFeeds>]) -> String {
         self.index_blocks.set(router.index_blocks() as f64);
+        let by_source = router.index_entries();
+        for (source, n) in
+            [("events", by_source.events), ("pending", by_source.pending), ("approximate", by_source.approximate)]
+        {
+            let g = self.index_by_source.get(source, |s| {
+                self.recorder.register_gauge(&Self::key(INDEX_BLOCKS_BY_SOURCE, &[("source", s)]), &METADATA)
+            });
+            g.set(n as f64);
+        }
+        self.render_feeds(router, feeds);
         for w in router.workers() {
             let load = w.inflight();
             let gauge = |name: &'static str| {
@@ -267,6 +360,16 @@ fn describe(r: &PrometheusRecorder) {
     histogram(PROMPT_TOKENS_DRIFT, None, "Worker-reported minus predicted prompt tokens.");
     gauge(INDEX_BLOCKS, "Block keys held by the routing index.");
     counter(UPSTREAM_REQUESTS_TOTAL, "Upstream attempts by worker and status.");
+    gauge(INDEX_BLOCKS_BY_SOURCE, "(block, worker) index entries by source: events, pending, approximate.");
+    counter(KV_EVENTS_TOTAL, "Blocks in a worker's KV events, by what the router made of them.");
+    counter(KV_EVENT_BATCHES_TOTAL, "KV-event batches received per worker.");
+    counter(KV_EVENT_MALFORMED_TOTAL, "KV-event frames that could not be decoded and were skipped.");
+    counter(
+        KV_EVENT_SEQUENCE_TOTAL,
+        "KV-event sequence problems per worker: gap, replay, replay_failure, resync, restart.",
+    );
+    gauge(KV_EVENT_CONNECTED, "1 while every rank of a worker's KV-event subscription is connected.");
+    histogram(KV_EVENT_LAG_SECONDS, Some(Unit::Seconds), "Receive time minus the engine's batch timestamp.");
 }
 
 #[cfg(test)]
@@ -289,26 +392,26 @@ mod tests {
         a.finished(Route::Exact, 200);
         a.finished(Route::Exact, 200);
         let r = router();
-        assert_eq!(sample(&a.render(&r), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), Some(2.0));
-        assert_eq!(sample(&b.render(&r), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
+        assert_eq!(sample(&a.render(&r, &[]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), Some(2.0));
+        assert_eq!(sample(&b.render(&r, &[]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
     }
 
     #[test]
     fn worker_gauges_follow_the_load_at_scrape_time() {
         let (o, r) = (Observer::new(), router());
         let mut text = r.begin(0, Load { prefill_tokens: 30, decode_tokens: 5, image_tokens: 0 });
-        let page = o.render(&r);
+        let page = o.render(&r, &[]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(1.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_prefill_tokens{worker=\"w0\"}"), Some(30.0));
         // A text-only (or fallback) request never touches the image gauge.
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"));
         let img = r.begin(0, Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 });
-        let page = o.render(&r);
+        let page = o.render(&r, &[]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(64.0));
         text.first_byte();
         drop(img);
         drop(text);
-        let page = o.render(&r);
+        let page = o.render(&r, &[]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));

@@ -262,6 +262,7 @@ fn debug_json(st: &AppState, plan: &RoutePlan, d: Option<&Decision>) -> serde_js
         "decode_tokens": plan.decode_tokens,
         "overlap_blocks": d.map(|d| &d.overlap_blocks),
         "overlap_sources": d.map(|d| &d.overlap_sources),
+        "overlap_sources": d.map(|d| &d.overlap_sources),
         "costs": d.map(|d| &d.costs),
         "policy": d.map(|d| d.policy),
         "worker": d.map(|d| name(d.worker())),

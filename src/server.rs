@@ -34,6 +34,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = AppState::new(&cfg)?;
+    state.start_feeds(&cfg);
     health::spawn_checks(&state, cfg.server.health_interval);
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
@@ -53,6 +54,7 @@ pub async fn spawn_state(
     listener: tokio::net::TcpListener,
 ) -> anyhow::Result<(SocketAddr, Arc<AppState>)> {
     let addr = listener.local_addr()?;
+    state.start_feeds(cfg);
     health::spawn_checks(&state, cfg.server.health_interval);
     let app = app(state.clone());
     tokio::spawn(async move {
@@ -84,5 +86,6 @@ async fn health_page(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
-    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], st.observe.render(&st.router)).into_response()
+    let page = st.observe.render(&st.router, st.feeds());
+    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
 }

@@ -1,12 +1,13 @@
 //! The state every request shares: the pool (workers, index, policy), the pipeline, the upstream
 //! client and the observer. Built once from [`Settings`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::Router;
 
 use crate::config::Settings;
+use crate::events::WorkerFeeds;
 use crate::observe::Observer;
 use crate::upstream::Upstream;
 
@@ -18,6 +19,8 @@ pub struct AppState {
     pub upstream: Upstream,
     pub observe: Observer,
     pub max_body_bytes: usize,
+    /// The workers' KV-event feeds, once started.
+    feeds: OnceLock<Vec<Arc<WorkerFeeds>>>,
 }
 
 impl AppState {
@@ -35,6 +38,16 @@ impl AppState {
             pipeline,
             observe: Observer::new(),
             max_body_bytes: cfg.server.max_body_bytes,
+            feeds: OnceLock::new(),
         }))
+    }
+
+    /// Subscribes to the KV events of the workers that publish them (once; later calls do nothing).
+    pub fn start_feeds(self: &Arc<Self>, cfg: &Settings) {
+        let _ = self.feeds.get_or_init(|| crate::events::start(self, &cfg.workers));
+    }
+
+    pub fn feeds(&self) -> &[Arc<WorkerFeeds>] {
+        self.feeds.get().map_or(&[], Vec::as_slice)
     }
 }

@@ -7,6 +7,7 @@ mod cli;
 mod count_cli;
 mod gate;
 mod harness;
+mod kv_events;
 mod metrics_format;
 mod openai_sdk;
 mod proxy;

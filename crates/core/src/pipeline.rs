@@ -334,6 +334,11 @@ impl Pipeline {
         self.block_size
     }
 
+    /// The model identity that seeds block keys (`[model] name`).
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
     /// Builds the plan for one parsed request: intake → tokenize → account → gate → plan. Only a
     /// policy refusal is an error; every other failure is a fallback route with its reason.
     pub async fn plan(&self, req: &Request<'_>) -> Result<Planned, Rejection> {

@@ -1,0 +1,125 @@
+//! Precise routing from a worker's own KV events, through the real proxy: a publisher on 127.0.0.1
+//! (a ZMQ PUB in this test, encoding vLLM ≥ 0.24 map-form batches with rmpv) announces and evicts the
+//! blocks of a prompt; the router's view of that worker follows.
+
+use std::time::Duration;
+
+use rmpv::Value;
+use zeromq::{Socket, SocketSend};
+
+use crate::harness::*;
+
+fn s(v: &str) -> Value {
+    Value::from(v)
+}
+
+/// A vLLM ≥ 0.24 batch `[ts, [events…], dp_rank]`, events as maps keyed by field name.
+fn batch(events: Vec<Value>) -> Vec<u8> {
+    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]))
+        .unwrap();
+    buf
+}
+
+fn stored(hashes: &[u64], tokens: &[u64], block_size: u64) -> Value {
+    Value::Map(vec![
+        (s("type"), s("BlockStored")),
+        (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
+        (s("parent_block_hash"), Value::Nil),
+        (s("token_ids"), Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
+        (s("block_size"), Value::from(block_size)),
+        (s("lora_id"), Value::Nil),
+        (s("medium"), s("GPU")),
+        (s("lora_name"), Value::Nil),
+    ])
+}
+
+fn removed(hashes: &[u64]) -> Value {
+    Value::Map(vec![
+        (s("type"), s("BlockRemoved")),
+        (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
+        (s("medium"), s("GPU")),
+    ])
+}
+
+async fn debug(url: &str, body: &[u8]) -> serde_json::Value {
+    client()
+        .post(format!("{url}/debug/route?tokens=true"))
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls `/debug/route` until worker 0's event-sourced overlap is `want` blocks.
+async fn wait_for_event_overlap(url: &str, body: &[u8], want: u64) -> serde_json::Value {
+    for _ in 0..200 {
+        let v = debug(url, body).await;
+        if v["overlap_sources"][0]["events"].as_u64() == Some(want) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("worker 0 never reached {want} event blocks: {}", debug(url, body).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_follows_a_workers_stores_and_evictions() {
+    let mut publisher = zeromq::PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let sims = sims(2, fast).await;
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nkv_events = {endpoint:?}\n[[workers]]\nname = {:?}\nurl = {:?}\n",
+        sims[0].name(),
+        sims[0].url(),
+        sims[1].name(),
+        sims[1].url()
+    );
+    let c = proxy(sims, &toml).await;
+    let body = chat_body(&[], &"Tell me a long story about routers and caches. ".repeat(8), false);
+    let plan = debug(&c.url, &body).await;
+    let ids: Vec<u64> = serde_json::from_value(plan["token_ids"].clone()).unwrap();
+    let blocks = ids.len() / 16;
+    assert!(blocks >= 4, "{}", ids.len());
+    let hashes: Vec<u64> = (0..blocks as u64).map(|i| 0xE000 + i).collect();
+    let event = batch(vec![stored(&hashes, &ids[..blocks * 16], 16)]);
+    let msg = |seq: u64, payload: Vec<u8>| {
+        let frames =
+            vec![bytes::Bytes::new(), bytes::Bytes::from(seq.to_be_bytes().to_vec()), bytes::Bytes::from(payload)];
+        zeromq::ZmqMessage::try_from(frames).unwrap()
+    };
+
+    // The SUB joins after a moment (ZMQ slow joiner): publish seq 0 until the worker's view follows.
+    let mut seen = None;
+    for _ in 0..100 {
+        publisher.send(msg(0, event.clone())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let v = debug(&c.url, &body).await;
+        if v["overlap_sources"][0]["events"].as_u64() == Some(blocks as u64) {
+            seen = Some(v);
+            break;
+        }
+    }
+    let v = seen.expect("the worker's BlockStored reached the index");
+    assert_eq!(v["worker"], c.sims[0].name(), "the worker holding the prompt wins");
+    assert_eq!(v["overlap_blocks"][1], 0);
+
+    // The worker evicts the second half: the overlap stops where the chain breaks.
+    publisher.send(msg(1, batch(vec![removed(&hashes[blocks / 2..])]))).await.unwrap();
+    wait_for_event_overlap(&c.url, &body, (blocks / 2) as u64).await;
+
+    // A sequence going back to 0 is a restart: everything the worker held is forgotten.
+    publisher.send(msg(0, batch(vec![]))).await.unwrap();
+    let v = wait_for_event_overlap(&c.url, &body, 0).await;
+    assert_eq!(v["overlap_blocks"][0], 0);
+    let page = metrics_text(&c.url).await;
+    let worker = format!("worker=\"{}\"", c.sims[0].name());
+    assert!(metric(&page, "mmrouter_kv_events_total", &format!("{worker},kind=\"stored\"")) >= blocks as f64, "{page}");
+    assert!(metric(&page, "mmrouter_kv_event_sequence_total", &format!("{worker},kind=\"restart\"")) >= 1.0, "{page}");
+    crate::metrics_format::promtool_accepts(&page);
+}
