@@ -12,6 +12,11 @@
 //!   remaining blocks are not cached (their chain is broken anyway).
 //! * Usage (`vllm:kv_cache_usage_perc`) is pinned blocks / capacity. Simplification: only the full
 //!   prompt blocks count; vLLM also holds the partial last block and the decode blocks.
+//! * Each admission reports the keys it newly stored and the keys it evicted to make room, in the
+//!   order it did so, so the KV-event publisher can announce exactly what changed (as vLLM announces
+//!   newly cached blocks only, never those served from the cache).
+//! * [`PrefixCache::clear`] empties the cache and starts a new epoch: leases taken before it must not
+//!   be released into the new cache (their keys may have been stored again since).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,6 +27,20 @@ pub(crate) struct Admission {
     pub cached_tokens: u32,
     /// Keys this request pinned, to hand back to [`PrefixCache::release`].
     pub pinned: Vec<u64>,
+    /// Keys that were not cached and now are (a subset of `pinned`, in prompt order).
+    pub stored: Vec<u64>,
+    /// Keys evicted to make room, in eviction order (never one of `stored`: those are pinned).
+    pub evicted: Vec<u64>,
+}
+
+/// What pinning one key did.
+enum Pin {
+    /// It was cached already.
+    Hit,
+    /// It was stored now.
+    Stored,
+    /// Every block is pinned: nothing could be stored.
+    Full,
 }
 
 #[derive(Debug)]
@@ -40,6 +59,7 @@ pub(crate) struct PrefixCache {
     free: BTreeMap<u64, u64>,
     next_stamp: u64,
     pinned: usize,
+    epoch: u64,
 }
 
 impl PrefixCache {
@@ -51,6 +71,7 @@ impl PrefixCache {
             free: BTreeMap::new(),
             next_stamp: 0,
             pinned: 0,
+            epoch: 0,
         }
     }
 
@@ -63,14 +84,29 @@ impl PrefixCache {
         let hits = keys.iter().take(max_hit_blocks).take_while(|k| self.blocks.contains_key(k)).count();
         // hits × block_size ≤ prompt_tokens − 1, so it fits in u32.
         let cached_tokens = u32::try_from(hits * self.block_size).unwrap_or(u32::MAX);
-        let mut pinned = Vec::with_capacity(keys.len());
+        let mut admission = Admission { cached_tokens, pinned: Vec::with_capacity(keys.len()), ..Admission::default() };
         for &key in keys {
-            if !self.pin(key) {
-                break;
+            match self.pin(key, &mut admission.evicted) {
+                Pin::Full => break,
+                Pin::Hit => {}
+                Pin::Stored => admission.stored.push(key),
             }
-            pinned.push(key);
+            admission.pinned.push(key);
         }
-        Admission { cached_tokens, pinned }
+        admission
+    }
+
+    /// Forgets every block, pinned or not (a restarted engine), and starts a new epoch.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.free.clear();
+        self.pinned = 0;
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Changes on every [`PrefixCache::clear`]: a lease is released only into the epoch it came from.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Unpins a finished request's blocks; they stay cached until evicted.
@@ -109,27 +145,28 @@ impl PrefixCache {
         self.blocks.contains_key(&key)
     }
 
-    fn pin(&mut self, key: u64) -> bool {
+    fn pin(&mut self, key: u64, evicted: &mut Vec<u64>) -> Pin {
         if let Some(block) = self.blocks.get_mut(&key) {
             let Some(refs) = block.refs.checked_add(1) else {
-                return false;
+                return Pin::Full;
             };
             if let Some(stamp) = block.free_stamp.take() {
                 self.free.remove(&stamp);
                 self.pinned += 1;
             }
             block.refs = refs;
-            return true;
+            return Pin::Hit;
         }
         if self.blocks.len() >= self.capacity {
             let Some((_, victim)) = self.free.pop_first() else {
-                return false;
+                return Pin::Full;
             };
             self.blocks.remove(&victim);
+            evicted.push(victim);
         }
         self.blocks.insert(key, Block { refs: 1, free_stamp: None });
         self.pinned += 1;
-        true
+        Pin::Stored
     }
 }
 
@@ -223,5 +260,47 @@ mod tests {
         let mut c = PrefixCache::new(BS, 8);
         assert_eq!(c.admit(0, &[1]).pinned, Vec::<u64>::new(), "keys beyond the prompt are ignored");
         assert_eq!(c.admit(5, &[1, 2, 3]).pinned, vec![1]);
+    }
+
+    #[test]
+    fn admissions_report_new_and_evicted_keys() {
+        let mut c = PrefixCache::new(BS, 3);
+        let a = c.admit(13, &[1, 2, 3]);
+        assert_eq!((a.stored.as_slice(), a.evicted.as_slice()), (&[1, 2, 3][..], &[][..]));
+        c.release(&a.pinned); // free order: 3, 2, 1
+        let b = c.admit(13, &[1, 2, 3]);
+        assert!(b.stored.is_empty() && b.evicted.is_empty(), "hits are not announced again");
+        c.release(&b.pinned);
+        // Same head, new tail: the two new blocks evict the oldest free ones (3, then 2).
+        let d = c.admit(13, &[1, 8, 9]);
+        assert_eq!(d.stored, vec![8, 9]);
+        assert_eq!(d.evicted, vec![3, 2]);
+        assert_eq!(d.pinned, vec![1, 8, 9]);
+    }
+
+    #[test]
+    fn a_present_key_after_a_miss_may_be_evicted_then_stored_again() {
+        let mut c = PrefixCache::new(BS, 3);
+        let a = c.admit(13, &[1, 2, 3]);
+        c.release(&a.pinned); // free order: 3, 2, 1
+        let b = c.admit(5, &[2]);
+        c.release(&b.pinned); // free order: 3, 1, 2
+                              // 7 misses and evicts 3 (the oldest free), which the same prompt then stores again.
+        let d = c.admit(13, &[7, 3]);
+        assert_eq!(d.evicted, vec![3, 1]);
+        assert_eq!(d.stored, vec![7, 3]);
+    }
+
+    #[test]
+    fn clear_forgets_everything_and_changes_the_epoch() {
+        let mut c = PrefixCache::new(BS, 4);
+        let a = c.admit(9, &[1, 2]);
+        let epoch = c.epoch();
+        c.clear();
+        assert_ne!(c.epoch(), epoch);
+        assert_eq!((c.len(), c.usage()), (0, 0.0));
+        let b = c.admit(9, &[1, 2]);
+        assert_eq!((b.cached_tokens, b.stored.len()), (0, 2), "a cleared cache stores the prompt afresh");
+        drop(a);
     }
 }

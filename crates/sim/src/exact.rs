@@ -2,15 +2,20 @@
 //! (chat template, tokenizer, exact image expansion, block hashing), so its prefix cache — and the
 //! `cached_tokens` it reports — reflect what a real worker would reuse. That makes cache figures
 //! measured against sims self-consistent with the router's planning, not an independent check.
+//!
+//! The prompt it returns also carries what a real engine publishes in its KV events: the token ids,
+//! each image's run with the name the engine gives it, and the `cache_salt`. Like vLLM, the sim trusts
+//! a client's image `uuid` and names the image by it verbatim; an image without one gets the sim's own
+//! content hash, deliberately not the router's identity (a real vLLM names it by its own `mm_hash`).
 
 use std::sync::Arc;
 
 use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
-use mmrouter_core::pipeline::{Pipeline, PipelineConfig, Route};
+use mmrouter_core::pipeline::{Pipeline, PipelineConfig, PromptTrace, Route, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request};
 
-use crate::{Prompter, SimHandle, SimOptions, SimPrompt};
+use crate::{Prompter, SimHandle, SimImage, SimOptions, SimPrompt};
 
 /// The prompter that plans with `mmrouter-core`.
 pub struct ExactPrompter {
@@ -20,17 +25,22 @@ pub struct ExactPrompter {
 
 impl ExactPrompter {
     /// `model` is a bundled profile name or an HF model directory; image URLs are fetched only from
-    /// `fetch_cidrs` (and `localhost`), never from anywhere else. Needs a tokio runtime.
-    pub fn new(model: &str, block_size: u32, fetch_cidrs: &[String]) -> anyhow::Result<ExactPrompter> {
+    /// `fetch_cidrs` and the hosts `fetch_hosts`, never from anywhere else. Needs a tokio runtime.
+    pub fn new(
+        model: &str,
+        block_size: u32,
+        fetch_cidrs: &[String],
+        fetch_hosts: &[String],
+    ) -> anyhow::Result<ExactPrompter> {
         let source = ModelSource::parse(model).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
         let model = ModelSpec { block_size, ..ModelSpec::new(source) };
         // A real worker fetches whatever URL it is given; the sim is confined to an allowlist (loopback
-        // by default) so a forwarded test URL can never reach another machine.
+        // by default) so a forwarded test URL can never reach another machine. It trusts client uuids
+        // as a worker does: the router's refusal of untrusted ones is a router policy, not an engine's.
         let media = MediaConfig {
             allow_public: false,
             allow_cidrs: fetch_cidrs.to_vec(),
-            allow_hosts: vec!["localhost".to_owned()],
-            // A worker names an image by the uuid it is given (vLLM does), whatever the route.
+            allow_hosts: fetch_hosts.to_vec(),
             trust_client_uuids: true,
             ..MediaConfig::default()
         };
@@ -53,7 +63,7 @@ impl Prompter for ExactPrompter {
             Endpoint::Chat
         };
         let request = Request::parse(endpoint, raw).map_err(|e| e.to_string())?;
-        let planned = tokio::task::block_in_place(|| self.rt.block_on(self.pipeline.plan(&request)))
+        let planned = tokio::task::block_in_place(|| self.rt.block_on(self.pipeline.plan_with(&request, true)))
             .map_err(|e| e.to_string())?;
         let plan = planned.plan;
         if let Route::TextPrefix { reason } = plan.route {
@@ -61,13 +71,64 @@ impl Prompter for ExactPrompter {
             // serves it on the known prefix so workloads with such images still run.
             tracing::debug!("sim: image not accountable ({reason}); caching the text prefix only");
         }
-        Ok(SimPrompt { prompt_tokens: plan.prompt_tokens.max(1), block_keys: plan.blocks })
+        let trace = planned.trace.unwrap_or_default();
+        let (token_ids, images) = match name_images(&request, &plan, &trace) {
+            Some(images) => (trace.ids, images),
+            // Unknown image names: cache the prompt, but announce nothing rather than something wrong.
+            None => (Vec::new(), Vec::new()),
+        };
+        Ok(SimPrompt {
+            prompt_tokens: plan.prompt_tokens.max(1),
+            block_keys: plan.blocks,
+            token_ids,
+            images,
+            cache_salt: request.str_field("cache_salt").map(str::to_owned),
+        })
     }
+}
+
+/// Each image run of the prompt with its engine name: the part's `uuid` verbatim, else the sim's own
+/// hash of the image's bytes. Runs, planned images and request image parts are all in request order;
+/// `None` if they disagree.
+fn name_images(request: &Request<'_>, plan: &RoutePlan, trace: &PromptTrace) -> Option<Vec<SimImage>> {
+    if trace.spans.is_empty() {
+        return Some(Vec::new());
+    }
+    if trace.spans.len() != plan.images.len() || plan.images.len() != request.images.len() {
+        tracing::debug!("sim: image runs do not line up with the request's images; no KV events for it");
+        return None;
+    }
+    let named = trace.spans.iter().zip(&plan.images).zip(&request.images).map(|((span, planned), part)| SimImage {
+        offset: span.offset,
+        len: span.len,
+        identifier: part.uuid.clone().unwrap_or_else(|| engine_image_id(&planned.hash)),
+    });
+    Some(named.collect())
+}
+
+/// The sim's name for an image without a uuid: hex of BLAKE3(`"sim-mm:"` ‖ the image's 32-byte BLAKE3
+/// digest), given the digest's hex. 64 hex digits like a real `mm_hash`, but never the router's own
+/// identity, so a router cannot match such images by name (as against vLLM).
+pub fn engine_image_id(digest_hex: &str) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"sim-mm:");
+    match unhex(digest_hex) {
+        Some(digest) => hasher.update(&digest),
+        None => hasher.update(digest_hex.as_bytes()),
+    };
+    hasher.finalize().to_hex().to_string()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 fn exact(opts: &SimOptions) -> anyhow::Result<Arc<ExactPrompter>> {
     let model = opts.model_dir.as_deref().unwrap_or("qwen3-vl");
-    Ok(Arc::new(ExactPrompter::new(model, opts.block_size as u32, &opts.fetch_allow_cidrs)?))
+    Ok(Arc::new(ExactPrompter::new(model, opts.block_size as u32, &opts.fetch_allow_cidrs, &opts.fetch_allow_hosts)?))
 }
 
 /// `mmrouter sim`: one simulated worker with the exact prompter until `shutdown`.
@@ -80,4 +141,24 @@ pub async fn run_exact(opts: SimOptions, shutdown: impl std::future::Future<Outp
 pub async fn spawn_exact(opts: SimOptions) -> anyhow::Result<SimHandle> {
     let prompter = exact(&opts)?;
     crate::spawn(opts, prompter).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_image_ids_are_64_hex_and_not_the_digest() {
+        let digest = "ab".repeat(32);
+        let id = engine_image_id(&digest);
+        assert_eq!(id.len(), 64);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(id, digest);
+        let mut expected = blake3::Hasher::new();
+        expected.update(b"sim-mm:").update(&[0xab; 32]);
+        assert_eq!(id, expected.finalize().to_hex().as_str());
+        assert_eq!(unhex("0aff"), Some(vec![0x0a, 0xff]));
+        assert_eq!(unhex("0g"), None);
+        assert_eq!(unhex("abc"), None);
+    }
 }

@@ -13,9 +13,16 @@
 //! against sims are self-consistent with the router, not independent of it. [`WordPrompter`] is the
 //! crude fallback some tests use.
 //!
+//! With `--kv-events` it also publishes the KV-cache events a vLLM (or SGLang) worker publishes over
+//! ZeroMQ (see [`KvEventsFormat`]): a `BlockStored` for the blocks each admission newly
+//! caches, a `BlockRemoved` for each eviction, a replay ROUTER, and faults (dropped batches, late
+//! publication, a restart that resets the sequence), so the router's precise mode can be tested end to
+//! end.
+//!
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 
 mod cache;
+mod events;
 mod exact;
 pub mod exposition;
 mod prompter;
@@ -29,7 +36,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-pub use exact::{run_exact, spawn_exact, ExactPrompter};
+pub use exact::{engine_image_id, run_exact, spawn_exact, ExactPrompter};
 pub use prompter::WordPrompter;
 pub use timing::ttft;
 
@@ -40,6 +47,24 @@ pub struct SimPrompt {
     pub prompt_tokens: u32,
     /// Chained keys of the prompt's full blocks, in order (a key encodes its whole prefix).
     pub block_keys: Vec<u64>,
+    /// The token ids the blocks are cut from. Empty when the prompter does not know them: the request
+    /// is then cached but announces nothing in KV events.
+    pub token_ids: Vec<u32>,
+    /// Where each image's tokens sit in `token_ids`, in prompt order.
+    pub images: Vec<SimImage>,
+    /// The request's `cache_salt` (enters the first block's extra keys, as in vLLM).
+    pub cache_salt: Option<String>,
+}
+
+/// One image run of a prompt, with the name the simulated engine gives it in KV events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimImage {
+    /// First token of the run.
+    pub offset: u32,
+    /// Tokens in the run.
+    pub len: u32,
+    /// The client's `uuid` verbatim when the part carried one (as vLLM does), else the engine's own hash.
+    pub identifier: String,
 }
 
 /// Turns a request into the prompt the simulated model sees.
@@ -62,6 +87,20 @@ const DEFAULT_DECODE_MS_PER_TOKEN: u64 = 2;
 const DEFAULT_OUTPUT_TOKENS: u32 = 16;
 const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
 const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// vLLM's and SGLang's default replay ring (`buffer_steps`).
+const DEFAULT_KV_EVENTS_BUFFER: usize = 10_000;
+
+/// Wire shape of the published KV events.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvEventsFormat {
+    /// vLLM 0.23: positional arrays (12-element `BlockStored`, 4-element `BlockRemoved`).
+    VllmArray,
+    /// vLLM ≥ 0.24: tagged maps (`"type"`), default-valued fields omitted.
+    #[default]
+    VllmMap,
+    /// SGLang 0.5.19: positional arrays, i64 hashes, images as pad token ids, no extra keys.
+    Sglang,
+}
 
 /// Options of one simulated worker (`mmrouter sim …`). [`Default`] equals the CLI defaults.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
@@ -131,11 +170,43 @@ pub struct SimOptions {
     /// so nothing a test forwards to a sim can make it contact another machine.
     #[arg(long = "fetch-allow-cidr", default_values_t = default_fetch_cidrs())]
     pub fetch_allow_cidrs: Vec<String>,
+    /// Host names the simulator may fetch image URLs from whatever they resolve to (repeatable).
+    #[arg(long = "fetch-allow-host", default_values_t = default_fetch_hosts())]
+    pub fetch_allow_hosts: Vec<String>,
+    /// Publish KV-cache events on a ZMQ PUB bound here, e.g. `tcp://127.0.0.1:5557` (port 0 =
+    /// ephemeral). Absent: no events.
+    #[arg(long)]
+    pub kv_events: Option<String>,
+    /// Bind the replay ROUTER here (answers `[b"", start seq]` with the buffered batches). Needs
+    /// `--kv-events`.
+    #[arg(long)]
+    pub kv_events_replay: Option<String>,
+    /// Batches the replay ring keeps.
+    #[arg(long, default_value_t = DEFAULT_KV_EVENTS_BUFFER)]
+    pub kv_events_buffer: usize,
+    /// First frame of every event message.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Wire shape of the events.
+    #[arg(long, value_enum, default_value_t = KvEventsFormat::VllmMap)]
+    pub kv_events_format: KvEventsFormat,
+    /// Fault: fraction (0..1) of event batches whose seq is used but that are never published (they
+    /// stay in the replay ring, as batches a real PUB dropped at its high-water mark).
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_events_drop_rate: f64,
+    /// Fault: milliseconds every event batch is published late.
+    #[arg(long, default_value_t = 0)]
+    pub kv_events_delay_ms: u64,
 }
 
 /// The simulator fetches image URLs from loopback only unless told otherwise.
 pub fn default_fetch_cidrs() -> Vec<String> {
     vec!["127.0.0.0/8".to_owned(), "::1/128".to_owned()]
+}
+
+/// `localhost` names loopback image servers in test workloads.
+pub fn default_fetch_hosts() -> Vec<String> {
+    vec!["localhost".to_owned()]
 }
 
 impl Default for SimOptions {
@@ -162,6 +233,14 @@ impl Default for SimOptions {
             model_dir: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             fetch_allow_cidrs: default_fetch_cidrs(),
+            fetch_allow_hosts: default_fetch_hosts(),
+            kv_events: None,
+            kv_events_replay: None,
+            kv_events_buffer: DEFAULT_KV_EVENTS_BUFFER,
+            kv_events_topic: String::new(),
+            kv_events_format: KvEventsFormat::VllmMap,
+            kv_events_drop_rate: 0.0,
+            kv_events_delay_ms: 0,
         }
     }
 }
@@ -182,13 +261,24 @@ impl SimOptions {
         if self.default_output_tokens == 0 {
             return Err(invalid("default-output-tokens", "must be at least 1"));
         }
-        for (flag, rate) in [("error-rate", self.error_rate), ("drop-mid-stream-rate", self.drop_mid_stream_rate)] {
+        let rates = [
+            ("error-rate", self.error_rate),
+            ("drop-mid-stream-rate", self.drop_mid_stream_rate),
+            ("kv-events-drop-rate", self.kv_events_drop_rate),
+        ];
+        for (flag, rate) in rates {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(invalid(flag, "must be a fraction between 0 and 1"));
             }
         }
         if axum::http::HeaderValue::from_str(&self.name).is_err() {
             return Err(invalid("name", "must be usable as an HTTP header value"));
+        }
+        if self.kv_events_replay.is_some() && self.kv_events.is_none() {
+            return Err(invalid("kv-events-replay", "needs --kv-events"));
+        }
+        if self.kv_events_buffer == 0 {
+            return Err(invalid("kv-events-buffer", "must be at least 1"));
         }
         Ok(())
     }
@@ -256,6 +346,12 @@ pub struct SimStats {
     pub errors_injected: u64,
     /// Streams cut by `--drop-mid-stream-rate`.
     pub streams_dropped: u64,
+    /// KV-event batches given a seq (published, dropped on purpose or not).
+    pub kv_batches: u64,
+    /// Of those, batches not published by `--kv-events-drop-rate`.
+    pub kv_batches_dropped: u64,
+    /// Of those, batches not published because the publisher fell behind (its queue was full).
+    pub kv_batches_overflowed: u64,
 }
 
 /// A running simulated worker. Dropping it or calling [`SimHandle::shutdown`] stops it: new
@@ -265,6 +361,8 @@ pub struct SimHandle {
     pub addr: SocketAddr,
     state: Arc<server::AppState>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The event sockets' tasks; dropped (aborted, sockets closed) with the handle.
+    events: Option<events::Sockets>,
 }
 
 /// In-flight answers may finish within this time after a shutdown request…
@@ -286,6 +384,27 @@ impl SimHandle {
     /// A snapshot of the worker's counters.
     pub fn stats(&self) -> SimStats {
         self.state.stats()
+    }
+
+    /// The bound KV-event PUB endpoint (`tcp://127.0.0.1:PORT`, the real port), if events are on.
+    pub fn kv_events_endpoint(&self) -> Option<&str> {
+        self.events.as_ref().map(|e| e.endpoint.as_str())
+    }
+
+    /// The bound replay ROUTER endpoint, if one was asked for.
+    pub fn kv_events_replay_endpoint(&self) -> Option<&str> {
+        self.events.as_ref().and_then(|e| e.replay_endpoint.as_deref())
+    }
+
+    /// Subscriptions the PUB has received so far (monotonic). Once a subscriber's subscription is
+    /// counted, every later batch reaches it: tests wait for this instead of sleeping.
+    pub fn kv_event_subscriptions(&self) -> u64 {
+        self.events.as_ref().map_or(0, events::Sockets::subscriptions)
+    }
+
+    /// Changes `--kv-events-drop-rate` while running (clamped to 0..1).
+    pub fn set_kv_events_drop_rate(&self, rate: f64) {
+        self.state.set_kv_events_drop_rate(rate);
     }
 
     /// Stops the server and waits (bounded) until it is gone.
@@ -330,7 +449,14 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
         .await
         .with_context(|| format!("sim: cannot bind {}:{}", opts.host, opts.port))?;
     let addr = listener.local_addr().context("sim: no local address")?;
-    let state = Arc::new(server::AppState::new(opts, prompter));
+    let (publisher, sockets) = match &opts.kv_events {
+        Some(endpoint) => {
+            let (publisher, sockets) = events::start(endpoint, &opts).await?;
+            (Some(publisher), Some(sockets))
+        }
+        None => (None, None),
+    };
+    let state = Arc::new(server::AppState::new(opts, prompter, publisher));
     let app = server::router(state.clone());
     let stopping = state.stopping();
     let task = tokio::spawn(async move {
@@ -340,7 +466,7 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
         }
     });
     tracing::info!(name = %state.opts.name, %addr, "simulated worker listening");
-    Ok(SimHandle { addr, state, task: Some(task) })
+    Ok(SimHandle { addr, state, task: Some(task), events: sockets })
 }
 
 /// `mmrouter sim`: serves until `shutdown` resolves (e.g. Ctrl-C), then stops gracefully.
@@ -351,6 +477,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let handle = spawn(opts, prompter).await?;
     println!("mmrouter sim `{}` listening on {}", handle.name(), handle.url());
+    if let Some(endpoint) = handle.kv_events_endpoint() {
+        let replay = handle.kv_events_replay_endpoint().unwrap_or("none");
+        println!("mmrouter sim `{}` publishing KV events on {endpoint} (replay: {replay})", handle.name());
+    }
     shutdown.await;
     handle.shutdown().await;
     Ok(())
@@ -393,5 +523,41 @@ mod tests {
         let opts = SimOptions { name: "bad\nname".into(), ..SimOptions::default() };
         assert!(opts.validate().expect_err("bad name").to_string().contains("--name"));
         assert!(SimOptions::default().validate().is_ok());
+        let opts = SimOptions { kv_events_replay: Some("tcp://127.0.0.1:0".into()), ..SimOptions::default() };
+        assert!(opts.validate().expect_err("replay alone").to_string().contains("--kv-events-replay"));
+        let opts = SimOptions { kv_events_drop_rate: -0.1, ..SimOptions::default() };
+        assert!(opts.validate().expect_err("negative rate").to_string().contains("--kv-events-drop-rate"));
+    }
+
+    #[test]
+    fn cli_parses_kv_event_options() {
+        let parsed = Cli::try_parse_from([
+            "sim",
+            "--kv-events",
+            "tcp://127.0.0.1:0",
+            "--kv-events-replay",
+            "tcp://127.0.0.1:0",
+            "--kv-events-format",
+            "sglang",
+            "--kv-events-buffer",
+            "5",
+            "--kv-events-topic",
+            "kv@sim",
+            "--kv-events-drop-rate",
+            "0.25",
+            "--kv-events-delay-ms",
+            "7",
+            "--fetch-allow-host",
+            "images.test",
+        ])
+        .expect("parse");
+        let sim = parsed.sim;
+        assert_eq!(sim.kv_events.as_deref(), Some("tcp://127.0.0.1:0"));
+        assert_eq!(sim.kv_events_format, KvEventsFormat::Sglang);
+        assert_eq!((sim.kv_events_buffer, sim.kv_events_topic.as_str()), (5, "kv@sim"));
+        assert_eq!((sim.kv_events_drop_rate, sim.kv_events_delay_ms), (0.25, 7));
+        assert_eq!(sim.fetch_allow_hosts, vec!["images.test".to_owned()]);
+        let vllm = Cli::try_parse_from(["sim", "--kv-events-format", "vllm-array"]).expect("parse");
+        assert_eq!(vllm.sim.kv_events_format, KvEventsFormat::VllmArray);
     }
 }

@@ -10,6 +10,7 @@
 //!   key_{i-1})`, the chain starting from a fixed root.
 //!
 //! Two requests therefore share cached blocks exactly when their word sequences share full blocks.
+//! Its token ids are not a model's, so it reports none: its requests publish no KV events.
 
 use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -38,7 +39,7 @@ impl Prompter for WordPrompter {
         }
         let prompt_tokens =
             u32::try_from(tokens.len()).map_err(|_| format!("prompt of {} tokens is too long", tokens.len()))?;
-        Ok(SimPrompt { prompt_tokens, block_keys: chain_keys(&tokens, block_size) })
+        Ok(SimPrompt { prompt_tokens, block_keys: chain_keys(&tokens, block_size), ..SimPrompt::default() })
     }
 }
 

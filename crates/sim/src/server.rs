@@ -5,6 +5,9 @@
 //! pins its blocks → waits the time to first token → emits its tokens. Non-streamed answers are sent
 //! whole at the end; streamed answers send headers at once (as vLLM does) and do the waiting inside
 //! the body stream, so a client that goes away drops the stream and is counted as cancelled.
+//!
+//! Admin: `POST /sim/restart` simulates an engine restart — the cache is emptied and the KV-event seq
+//! starts again from 0, without an `AllBlocksCleared` (a restarted vLLM sends none).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,6 +28,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::cache::PrefixCache;
+use super::events::Publisher;
 use super::exposition::{self, Snapshot};
 use super::timing::{decode_delay, ttft, Dice};
 use super::{Prompter, SimError, SimOptions, SimPrompt, SimStats};
@@ -54,6 +58,8 @@ pub(crate) struct AppState {
     pub opts: SimOptions,
     prompter: Arc<dyn Prompter>,
     cache: Mutex<PrefixCache>,
+    /// KV-event publisher (`--kv-events`); fed under the cache lock so seq order is cache order.
+    events: Option<Publisher>,
     slots: Arc<Semaphore>,
     dice: Dice,
     counters: Counters,
@@ -67,10 +73,11 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>) -> Self {
+    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>, events: Option<Publisher>) -> Self {
         Self {
             prompter,
             cache: Mutex::new(PrefixCache::new(opts.block_size, opts.kv_blocks)),
+            events,
             slots: Arc::new(Semaphore::new(opts.max_running.min(Semaphore::MAX_PERMITS))),
             dice: Dice::new(opts.seed),
             counters: Counters::default(),
@@ -109,6 +116,24 @@ impl AppState {
             cancelled: c.cancelled.load(Relaxed),
             errors_injected: c.errors_injected.load(Relaxed),
             streams_dropped: c.streams_dropped.load(Relaxed),
+            kv_batches: self.events.as_ref().map_or(0, |e| e.counters.batches.load(Relaxed)),
+            kv_batches_dropped: self.events.as_ref().map_or(0, |e| e.counters.dropped.load(Relaxed)),
+            kv_batches_overflowed: self.events.as_ref().map_or(0, |e| e.counters.overflowed.load(Relaxed)),
+        }
+    }
+
+    pub fn set_kv_events_drop_rate(&self, rate: f64) {
+        if let Some(events) = &self.events {
+            events.set_drop_rate(rate);
+        }
+    }
+
+    /// An engine restart: an empty cache and the event seq from 0, announced by nothing but the seq.
+    fn restart(&self) {
+        let mut cache = self.cache();
+        cache.clear();
+        if let Some(events) = &self.events {
+            events.restart();
         }
     }
 
@@ -158,14 +183,21 @@ impl AppState {
         };
         drop(waiting);
         let running = Gauge::up(self, |c| &c.running);
-        let admission = self.cache().admit(prompt.prompt_tokens, &prompt.block_keys);
+        let (admission, epoch) = {
+            let mut cache = self.cache();
+            let admission = cache.admit(prompt.prompt_tokens, &prompt.block_keys);
+            if let Some(events) = &self.events {
+                events.admitted(prompt, &admission);
+            }
+            (admission, cache.epoch())
+        };
         let cached = admission.cached_tokens;
         self.counters.prompt_tokens.fetch_add(u64::from(prompt.prompt_tokens), Relaxed);
         self.counters.cached_tokens.fetch_add(u64::from(cached), Relaxed);
         Ok(Admitted {
             cached_tokens: cached,
             uncached_tokens: prompt.prompt_tokens.saturating_sub(cached),
-            _lease: CacheLease { state: self.clone(), pinned: admission.pinned },
+            _lease: CacheLease { state: self.clone(), pinned: admission.pinned, epoch },
             _running: running,
             _slot: permit,
         })
@@ -234,15 +266,20 @@ impl Drop for Tracker {
     }
 }
 
-/// Blocks pinned by a running request, unpinned on drop.
+/// Blocks pinned by a running request, unpinned on drop — unless the cache was cleared meanwhile (a
+/// simulated restart): the same keys may have been stored again since, pinned by someone else.
 struct CacheLease {
     state: Arc<AppState>,
     pinned: Vec<u64>,
+    epoch: u64,
 }
 
 impl Drop for CacheLease {
     fn drop(&mut self) {
-        self.state.cache().release(&self.pinned);
+        let mut cache = self.state.cache();
+        if cache.epoch() == self.epoch {
+            cache.release(&self.pinned);
+        }
     }
 }
 
@@ -296,6 +333,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/sim/restart", post(restart))
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
         .with_state(state)
@@ -382,6 +420,12 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+async fn restart(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.restart();
+    tracing::info!(name = %state.opts.name, "sim: simulated engine restart (cache cleared, kv event seq reset)");
+    Json(json!({"restarted": true}))
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
