@@ -123,3 +123,100 @@ async fn the_index_follows_a_workers_stores_and_evictions() {
     assert!(metric(&page, "mmrouter_kv_event_sequence_total", &format!("{worker},kind=\"restart\"")) >= 1.0, "{page}");
     crate::metrics_format::promtool_accepts(&page);
 }
+
+/// Posts `body` to a proxy's chat endpoint and reads the answer to its end.
+async fn chat(url: &str, body: &[u8]) {
+    let resp = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert!(status.is_success(), "{status} {text}");
+}
+
+/// Polls until `f` holds for the event-fed proxy's plan of `body`.
+async fn until(url: &str, body: &[u8], what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..300 {
+        let v = debug(url, body).await;
+        if f(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("never {what}: {}", debug(url, body).await);
+}
+
+/// The simulator publishes real KV events for what it caches. Two routers front it: `precise` follows
+/// its events, `guess` only remembers what it routed. The precise one learns traffic it never saw
+/// (image blocks included, named by the spliced uuid), forgets what the worker evicts, and forgets
+/// everything when the worker restarts; the guessing one keeps predicting an evicted prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precise_routing_follows_the_simulators_cache() {
+    let sim = sims(1, |o| {
+        fast(o);
+        o.kv_blocks = 24;
+        o.kv_events = Some("tcp://127.0.0.1:0".into());
+    })
+    .await
+    .remove(0);
+    let (name, url, endpoint) =
+        (sim.name().to_owned(), sim.url().to_owned(), sim.kv_events_endpoint().unwrap().to_owned());
+    let worker =
+        |extra: &str| format!("[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {name:?}\nurl = {url:?}\n{extra}");
+    let precise = proxy(vec![], &worker(&format!("kv_events = {endpoint:?}\n"))).await;
+    let guess = proxy(vec![sim], &worker("")).await;
+    let sim = &guess.sims[0];
+    for _ in 0..300 {
+        if sim.kv_event_subscriptions() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(sim.kv_event_subscriptions() >= 1, "the precise router never subscribed");
+
+    // A, with an image, goes through the guessing router only.
+    let a = chat_body(&[png_data_url(224, 224, 3)], &unique("describe the picture"), false);
+    chat(&guess.url, &a).await;
+    let plan = debug(&precise.url, &a).await;
+    let blocks = plan["token_ids"].as_array().unwrap().len() / 16;
+    assert!(blocks >= 4, "{plan}");
+    let v = until(&precise.url, &a, "learnt A from events", |v| {
+        v["overlap_sources"][0]["events"].as_u64() == Some(blocks as u64)
+    })
+    .await;
+    assert_eq!(v["overlap_sources"][0]["pending"], 0, "{v}");
+    assert_eq!(v["route"], "exact", "{v}");
+    assert_eq!(debug(&guess.url, &a).await["overlap_sources"][0]["approximate"], blocks as u64);
+
+    // B, long enough to fill the 24-block cache, goes through the precise router: the worker evicts A
+    // except the system-prompt block B shares (B hit it, so it is the most recently used).
+    let b = chat_body(&[], &(0..400).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" "), false);
+    chat(&precise.url, &b).await;
+    until(&precise.url, &a, "forgot the evicted A", |v| v["overlap_blocks"][0] == 1).await;
+    assert_eq!(debug(&guess.url, &a).await["overlap_blocks"][0], blocks as u64, "the guess still predicts A");
+    let before = sim.stats().cached_tokens;
+    chat(&guess.url, &a).await;
+    assert_eq!(sim.stats().cached_tokens, before + 16, "the worker held only A's first block");
+
+    // A is cached again; the worker restarts (sequence back to 0, no AllBlocksCleared): the next batch
+    // tells the precise router, which drops everything it had for the worker.
+    until(&precise.url, &a, "relearnt A", |v| v["overlap_sources"][0]["events"].as_u64() == Some(blocks as u64)).await;
+    let resp = client().post(format!("{}/sim/restart", sim.url())).send().await.unwrap();
+    assert!(resp.status().is_success());
+    let c = chat_body(&[], &unique("after the restart"), false);
+    chat(&guess.url, &c).await;
+    let c_blocks = debug(&precise.url, &c).await["blocks"].as_u64().unwrap();
+    let v = until(&precise.url, &c, "learnt C", |v| v["overlap_sources"][0]["events"].as_u64() == Some(c_blocks)).await;
+    assert_eq!(v["overlap_sources"][0]["pending"], 0);
+    assert_eq!(debug(&precise.url, &a).await["overlap_blocks"][0], 1, "only the block A shares with C");
+    let page = metrics_text(&precise.url).await;
+    let events = metric(&page, "mmrouter_index_blocks_by_source", "source=\"events\"");
+    assert_eq!(events, c_blocks as f64, "everything before the restart was dropped:\n{page}");
+    let w = format!("worker=\"{name}\"");
+    assert!(metric(&page, "mmrouter_kv_event_sequence_total", &format!("{w},kind=\"restart\"")) >= 1.0, "{page}");
+    assert_eq!(metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")), 0.0, "{page}");
+}
