@@ -47,13 +47,14 @@ impl WorkerFeeds {
 pub fn start(st: &Arc<AppState>, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
     let model = st.pipeline.model_name().to_owned();
     let block_size = st.pipeline.block_size();
+    let vocab = st.pipeline.vocab_size();
     let mut out = Vec::new();
     for (w, settings) in workers.iter().enumerate() {
         let Some(source) = settings.events.clone() else { continue };
         st.router.worker(w).set_publishes_events(true);
         let feeds = Arc::new(WorkerFeeds {
             worker: w,
-            ingest: Arc::new(Mutex::new(WorkerEvents::new(&model, block_size, MAX_TRACKED_BLOCKS))),
+            ingest: Arc::new(Mutex::new(WorkerEvents::new(&model, block_size, MAX_TRACKED_BLOCKS).with_vocab(vocab))),
             handles: Mutex::new(Vec::new()),
         });
         let (st, feeds2, settings) = (Arc::downgrade(st), feeds.clone(), settings.clone());

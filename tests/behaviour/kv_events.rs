@@ -220,3 +220,50 @@ async fn precise_routing_follows_the_simulators_cache() {
     assert!(metric(&page, "mmrouter_kv_event_sequence_total", &format!("{w},kind=\"restart\"")) >= 1.0, "{page}");
     assert_eq!(metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")), 0.0, "{page}");
 }
+
+/// An SGLang worker's events name image tokens by pad values the router cannot compute: its text blocks
+/// are confirmed by events, the image blocks stay what the router routed (approximate), so an image
+/// prompt keeps its predicted overlap there instead of losing it when the pending entries expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_image_blocks_stay_approximate() {
+    let sim = sims(1, |o| {
+        fast(o);
+        o.kv_events = Some("tcp://127.0.0.1:0".into());
+        o.kv_events_format = mmrouter_sim::KvEventsFormat::Sglang;
+    })
+    .await
+    .remove(0);
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nengine = \"sglang\"\nkv_events = {:?}\n",
+        sim.name(),
+        sim.url(),
+        sim.kv_events_endpoint().unwrap()
+    );
+    let c = proxy(vec![sim], &toml).await;
+    for _ in 0..300 {
+        if c.sims[0].kv_event_subscriptions() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let a = chat_body(&[png_data_url(224, 224, 9)], &unique("what colour is it"), false);
+    let plan = debug(&c.url, &a).await;
+    let (blocks, image_from) =
+        (plan["blocks"].as_u64().unwrap(), plan["image_spans"][0]["offset"].as_u64().unwrap() / 16);
+    assert!(image_from >= 1 && blocks > image_from + 2, "{plan}");
+    chat(&c.url, &a).await;
+    let v = until(&c.url, &a, "confirmed the text blocks", |v| {
+        v["overlap_sources"][0]["events"].as_u64() == Some(image_from)
+    })
+    .await;
+    assert_eq!(v["overlap_sources"][0]["pending"], 0, "{v}");
+    assert_eq!(v["overlap_sources"][0]["approximate"], blocks - image_from, "{v}");
+    assert_eq!(v["overlap_blocks"][0], blocks, "{v}");
+    let page = metrics_text(&c.url).await;
+    let w = format!("worker=\"{}\"", c.sims[0].name());
+    assert_eq!(
+        metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")),
+        (blocks - image_from) as f64,
+        "{page}"
+    );
+}

@@ -130,6 +130,12 @@ impl RoutePlan {
         RoutePlan::empty(Route::Passthrough, block_size, 0)
     }
 
+    /// Index of the first block holding image tokens; `blocks.len()` when none does.
+    pub fn first_image_block(&self) -> usize {
+        let first = self.spans.first().map(|s| (s.offset / self.block_size.max(1)) as usize);
+        first.unwrap_or(self.blocks.len()).min(self.blocks.len())
+    }
+
     /// Image tokens this request puts on its worker; zero unless the plan is exact.
     pub fn exact_image_tokens(&self) -> u32 {
         match self.route {
@@ -328,6 +334,11 @@ impl Pipeline {
             reject_blocked_urls: cfg.media.reject_blocked_urls,
             trust_client_uuids: cfg.media.trust_client_uuids,
         })
+    }
+
+    /// Token ids of this model's prompts are below this.
+    pub fn vocab_size(&self) -> u32 {
+        self.model.vocab_size()
     }
 
     pub fn block_size(&self) -> u32 {

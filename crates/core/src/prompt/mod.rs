@@ -285,6 +285,13 @@ impl PromptModel {
         })
     }
 
+    /// Token ids the tokenizer can produce are below this: its largest id, added tokens included, plus
+    /// one (ids may have gaps, so this is not the vocabulary's size). Walks the vocabulary: call once.
+    pub fn vocab_size(&self) -> u32 {
+        let max = self.inner.tokenizer.get_vocab(true).into_values().max();
+        max.map_or(0, |m| m.saturating_add(1))
+    }
+
     /// Token ids of `text`, adding no special tokens (the template already has them), as vLLM
     /// tokenizes a rendered chat.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, PromptError> {

@@ -61,6 +61,8 @@ pub struct WorkerEvents {
     model: String,
     block_size: u32,
     max_blocks: usize,
+    /// Token ids at or above this are not the tokenizer's (SGLang's image pad values): unmatchable.
+    vocab: u64,
     ranks: HashMap<u32, HashMap<u64, Option<u64>>>,
     holders: HashMap<u64, u32>,
     counts: EventCounts,
@@ -74,11 +76,19 @@ impl WorkerEvents {
             model: model.to_owned(),
             block_size,
             max_blocks: max_blocks.max(1),
+            vocab: u64::from(u32::MAX) + 1,
             ranks: HashMap::new(),
             holders: HashMap::new(),
             counts: EventCounts::default(),
             buf: Vec::new(),
         }
+    }
+
+    /// Token ids `>= vocab` make a block unmatchable: no prompt the router renders contains them
+    /// (SGLang writes its image pad values, derived from the processed pixels, into `token_ids`).
+    pub fn with_vocab(mut self, vocab: u32) -> WorkerEvents {
+        self.vocab = u64::from(vocab);
+        self
     }
 
     pub fn counts(&self) -> EventCounts {
@@ -147,7 +157,7 @@ impl WorkerEvents {
         for (i, hash) in s.block_hashes.iter().enumerate() {
             let tokens = &s.token_ids[i * self.block_size as usize..(i + 1) * self.block_size as usize];
             let extras = s.extra_keys.as_ref().and_then(|e| e.get(i)).and_then(Option::as_ref);
-            let key = match (prev, block_key_inputs(tokens, extras.map(Vec::as_slice))) {
+            let key = match (prev, block_key_inputs(tokens, extras.map(Vec::as_slice), self.vocab)) {
                 (Some(p), Some((ids, images))) => Some(chain_key(p, &ids, &images, &mut self.buf)),
                 _ => None,
             };
@@ -217,8 +227,8 @@ impl WorkerEvents {
 type KeyInputs = (Vec<u32>, Vec<(u128, i64)>);
 
 /// A block's key inputs; `None` when the router cannot key it (wide token ids, prompt embeds).
-fn block_key_inputs(tokens: &[u64], extras: Option<&[ExtraKey]>) -> Option<KeyInputs> {
-    let ids = tokens.iter().map(|&t| u32::try_from(t).ok()).collect::<Option<Vec<u32>>>()?;
+fn block_key_inputs(tokens: &[u64], extras: Option<&[ExtraKey]>, vocab: u64) -> Option<KeyInputs> {
+    let ids = tokens.iter().map(|&t| (t < vocab).then_some(t as u32)).collect::<Option<Vec<u32>>>()?;
     let mut images = Vec::new();
     for extra in extras.unwrap_or_default() {
         match extra {
@@ -330,6 +340,15 @@ mod tests {
         }
         w.apply(&batch(0, vec![wrong_size]));
         assert_eq!(w.counts().block_size_mismatch, 1);
+    }
+
+    #[test]
+    fn ids_beyond_the_vocabulary_are_sglang_pads() {
+        let mut w = WorkerEvents::new("m", BS, 100).with_vocab(1000);
+        // SGLang image pads are 2^30-bounded, so they fit u32: only the vocabulary tells them apart.
+        let ops = w.apply(&batch(0, vec![stored(&[1, 2], None, vec![1, 2, 3, 999, 4, 1_000_123, 5, 6], None)]));
+        assert_eq!(ops.stored.len(), 1, "the text block is keyed, the padded one is not");
+        assert_eq!(w.counts().unmatchable_blocks, 1);
     }
 
     #[test]

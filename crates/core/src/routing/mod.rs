@@ -245,11 +245,22 @@ impl Router {
     /// Remembers that `worker` was sent a prompt with `blocks` (call at dispatch): `Pending` if the
     /// worker publishes KV events (its events will confirm the blocks), `Approximate` otherwise.
     pub fn record(&self, worker: usize, blocks: &[u64]) {
-        let source = match self.workers.get(worker) {
-            Some(w) if w.publishes_events() => Source::Pending,
-            _ => Source::Approximate,
+        self.record_prompt(worker, blocks, blocks.len());
+    }
+
+    /// [`record`](Self::record) for a prompt with images. `image_from` is the first block holding image tokens (`blocks.len()` without images): SGLang's
+    /// events name image tokens by pad values the router cannot compute, so an SGLang worker's blocks
+    /// from there on are never confirmed and stay approximate.
+    pub fn record_prompt(&self, worker: usize, blocks: &[u64], image_from: usize) {
+        let Some(w) = self.workers.get(worker) else { return };
+        let confirmable = match (w.publishes_events(), w.engine()) {
+            (false, _) => 0,
+            (true, Engine::Vllm) => blocks.len(),
+            (true, Engine::Sglang) => image_from.min(blocks.len()),
         };
-        self.index.record(worker, blocks, source);
+        let (confirmed, guessed) = blocks.split_at(confirmable);
+        self.index.record(worker, confirmed, Source::Pending);
+        self.index.record(worker, guessed, Source::Approximate);
     }
 
     /// `worker`'s event feed announced `keys` (one `BlockStored`, in chain order).
