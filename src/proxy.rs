@@ -137,7 +137,7 @@ fn dispatch(st: &AppState, plan: &RoutePlan, decision: &Decision, w: usize, firs
         // Counted once per request, at dispatch, whatever the worker answers.
         st.observe.dispatched(plan, overlap);
     }
-    st.router.record_prompt(w, &plan.blocks, plan.first_image_block());
+    st.router.record_prompt(w, &plan.blocks, plan.first_image_block(), !plan.images_rehashed);
     guard
 }
 

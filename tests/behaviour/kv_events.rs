@@ -221,20 +221,17 @@ async fn precise_routing_follows_the_simulators_cache() {
     assert_eq!(metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")), 0.0, "{page}");
 }
 
-/// An SGLang worker's events name image tokens by pad values the router cannot compute: its text blocks
-/// are confirmed by events, the image blocks stay what the router routed (approximate), so an image
-/// prompt keeps its predicted overlap there instead of losing it when the pending entries expire.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sglang_image_blocks_stay_approximate() {
+/// Starts one sim publishing `format` events and a proxy whose single worker runs `engine` and follows them.
+async fn event_cluster(format: mmrouter_sim::KvEventsFormat, engine: &str) -> Cluster {
     let sim = sims(1, |o| {
         fast(o);
         o.kv_events = Some("tcp://127.0.0.1:0".into());
-        o.kv_events_format = mmrouter_sim::KvEventsFormat::Sglang;
+        o.kv_events_format = format;
     })
     .await
     .remove(0);
     let toml = format!(
-        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nengine = \"sglang\"\nkv_events = {:?}\n",
+        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nengine = {engine:?}\nkv_events = {:?}\n",
         sim.name(),
         sim.url(),
         sim.kv_events_endpoint().unwrap()
@@ -246,24 +243,53 @@ async fn sglang_image_blocks_stay_approximate() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let a = chat_body(&[png_data_url(224, 224, 9)], &unique("what colour is it"), false);
-    let plan = debug(&c.url, &a).await;
+    c
+}
+
+/// Sends `body` through `c` and waits until its text blocks are confirmed by events; asserts the image
+/// blocks stay approximate (what the router routed), none pending, the whole prompt still predicted.
+async fn image_blocks_stay_approximate(c: &Cluster, body: &[u8]) -> u64 {
+    let plan = debug(&c.url, body).await;
+    assert_eq!(plan["route"], "exact", "{plan}");
     let (blocks, image_from) =
         (plan["blocks"].as_u64().unwrap(), plan["image_spans"][0]["offset"].as_u64().unwrap() / 16);
     assert!(image_from >= 1 && blocks > image_from + 2, "{plan}");
-    chat(&c.url, &a).await;
-    let v = until(&c.url, &a, "confirmed the text blocks", |v| {
+    chat(&c.url, body).await;
+    let v = until(&c.url, body, "confirmed the text blocks", |v| {
         v["overlap_sources"][0]["events"].as_u64() == Some(image_from)
     })
     .await;
     assert_eq!(v["overlap_sources"][0]["pending"], 0, "{v}");
     assert_eq!(v["overlap_sources"][0]["approximate"], blocks - image_from, "{v}");
     assert_eq!(v["overlap_blocks"][0], blocks, "{v}");
+    blocks - image_from
+}
+
+/// An SGLang worker's events name image tokens by pad values the router cannot compute: its text blocks
+/// are confirmed by events, the image blocks stay what the router routed (approximate), so an image
+/// prompt keeps its predicted overlap there instead of losing it when the pending entries expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_image_blocks_stay_approximate() {
+    let c = event_cluster(mmrouter_sim::KvEventsFormat::Sglang, "sglang").await;
+    let a = chat_body(&[png_data_url(224, 224, 9)], &unique("what colour is it"), false);
+    let image_blocks = image_blocks_stay_approximate(&c, &a).await;
     let page = metrics_text(&c.url).await;
     let w = format!("worker=\"{}\"", c.sims[0].name());
     assert_eq!(
         metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")),
-        (blocks - image_from) as f64,
+        image_blocks as f64,
         "{page}"
     );
+}
+
+/// With per-request `mm_processor_kwargs` vLLM hashes the uuid together with them, so its events will
+/// not name the image as the router does: the image blocks are recorded approximate from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_image_blocks_with_request_kwargs_stay_approximate() {
+    let c = event_cluster(mmrouter_sim::KvEventsFormat::VllmMap, "vllm").await;
+    let body = chat_body(&[png_data_url(224, 224, 11)], &unique("kwargs"), false);
+    let mut v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["mm_processor_kwargs"] = serde_json::json!({"max_pixels": 1003520});
+    let body = serde_json::to_vec(&v).unwrap();
+    image_blocks_stay_approximate(&c, &body).await;
 }

@@ -109,6 +109,9 @@ pub struct RoutePlan {
     pub images: Vec<PlannedImage>,
     pub spans: Vec<ImageSpan>,
     pub decode_tokens: u32,
+    /// The request carries `mm_processor_kwargs` or `media_io_kwargs`: vLLM then hashes each image's
+    /// uuid together with them, so its KV events name these images differently from the router.
+    pub images_rehashed: bool,
 }
 
 impl RoutePlan {
@@ -122,6 +125,7 @@ impl RoutePlan {
             images: Vec::new(),
             spans: Vec::new(),
             decode_tokens,
+            images_rehashed: false,
         }
     }
 
@@ -399,6 +403,7 @@ impl Pipeline {
             trace.text = Some(tokens.text.clone());
         }
         self.gate(&mut out, tokens, accounted, has_media, seed);
+        out.plan.images_rehashed = !out.plan.images.is_empty() && rehashes_images(req);
         let client_uuid = req.images.iter().any(|i| i.uuid_span.is_some());
         if client_uuid && out.plan.route != Route::Exact && !self.trust_client_uuids {
             // Only an exact plan replaces client uuids; forwarding one unchanged would let it name
@@ -610,6 +615,16 @@ impl Accounted {
     }
 }
 
+/// Whether vLLM names this request's images by something other than their uuid alone: per-request
+/// processor or media kwargs are hashed together with it (a null or empty object changes nothing).
+fn rehashes_images(req: &Request<'_>) -> bool {
+    ["mm_processor_kwargs", "media_io_kwargs"].iter().any(|k| match req.field(k) {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Object(m)) => !m.is_empty(),
+        Some(_) => true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,5 +652,17 @@ mod tests {
         assert_eq!(parsed["messages"][0]["content"][1]["uuid"], "bbbb");
         // A trusted client uuid (no splice) leaves the body as received.
         assert_eq!(splice_uuids(body, &[image("evil", None)]), body.to_vec());
+    }
+
+    #[test]
+    fn only_non_empty_request_kwargs_rehash_images() {
+        let rehash = |extra: &str| {
+            let body = format!(r#"{{"messages":[]{extra}}}"#);
+            rehashes_images(&Request::parse(Endpoint::Chat, body.as_bytes()).unwrap())
+        };
+        assert!(!rehash(""));
+        assert!(!rehash(r#","mm_processor_kwargs":null,"media_io_kwargs":{}"#));
+        assert!(rehash(r#","mm_processor_kwargs":{"max_pixels":1000}"#));
+        assert!(rehash(r#","media_io_kwargs":{"image":{"mode":"RGB"}}"#));
     }
 }

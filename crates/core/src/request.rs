@@ -75,6 +75,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "cache_salt",
     "mm_processor_kwargs",
+    "media_io_kwargs",
     "tools",
     "chat_template_kwargs",
     "add_generation_prompt",

@@ -7,6 +7,7 @@
 //! each image's run with the name the engine gives it, and the `cache_salt`. Like vLLM, the sim trusts
 //! a client's image `uuid` and names the image by it verbatim; an image without one gets the sim's own
 //! content hash, deliberately not the router's identity (a real vLLM names it by its own `mm_hash`).
+//! With per-request `mm_processor_kwargs` / `media_io_kwargs` the name is hashed with them, as vLLM does.
 
 use std::sync::Arc;
 
@@ -98,10 +99,11 @@ fn name_images(request: &Request<'_>, plan: &RoutePlan, trace: &PromptTrace) -> 
         tracing::debug!("sim: image runs do not line up with the request's images; no KV events for it");
         return None;
     }
-    let named = trace.spans.iter().zip(&plan.images).zip(&request.images).map(|((span, planned), part)| SimImage {
-        offset: span.offset,
-        len: span.len,
-        identifier: part.uuid.clone().unwrap_or_else(|| engine_image_id(&planned.hash)),
+    let named = trace.spans.iter().zip(&plan.images).zip(&request.images).map(|((span, planned), part)| {
+        let name = part.uuid.clone().unwrap_or_else(|| engine_image_id(&planned.hash));
+        // vLLM hashes a uuid together with per-request processor/media kwargs.
+        let identifier = if plan.images_rehashed { rehashed_image_id(&name, request) } else { name };
+        SimImage { offset: span.offset, len: span.len, identifier }
     });
     Some(named.collect())
 }
@@ -116,6 +118,17 @@ pub fn engine_image_id(digest_hex: &str) -> String {
         Some(digest) => hasher.update(&digest),
         None => hasher.update(digest_hex.as_bytes()),
     };
+    hasher.finalize().to_hex().to_string()
+}
+
+/// An image's name when the request's `mm_processor_kwargs` / `media_io_kwargs` are hashed with it.
+fn rehashed_image_id(name: &str, request: &Request<'_>) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"sim-mm-kwargs:");
+    hasher.update(name.as_bytes());
+    for key in ["mm_processor_kwargs", "media_io_kwargs"] {
+        hasher.update(request.field(key).map(|v| v.to_string()).unwrap_or_default().as_bytes());
+    }
     hasher.finalize().to_hex().to_string()
 }
 

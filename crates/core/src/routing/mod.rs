@@ -245,18 +245,21 @@ impl Router {
     /// Remembers that `worker` was sent a prompt with `blocks` (call at dispatch): `Pending` if the
     /// worker publishes KV events (its events will confirm the blocks), `Approximate` otherwise.
     pub fn record(&self, worker: usize, blocks: &[u64]) {
-        self.record_prompt(worker, blocks, blocks.len());
+        self.record_prompt(worker, blocks, blocks.len(), true);
     }
 
-    /// [`record`](Self::record) for a prompt with images. `image_from` is the first block holding image tokens (`blocks.len()` without images): SGLang's
-    /// events name image tokens by pad values the router cannot compute, so an SGLang worker's blocks
-    /// from there on are never confirmed and stay approximate.
-    pub fn record_prompt(&self, worker: usize, blocks: &[u64], image_from: usize) {
+    /// [`record`](Self::record) for a prompt with images. `image_from` is the first block holding image
+    /// tokens (`blocks.len()` without images); `uuid_named` says the worker's engine names the images
+    /// by the uuid the router gave them. Blocks from `image_from` on that the worker's events cannot
+    /// confirm are recorded `Approximate` (so they do not vanish when pending entries expire): on
+    /// SGLang, whose events name image tokens by pad values the router cannot compute, and on vLLM
+    /// when the request's kwargs make it rehash the uuids.
+    pub fn record_prompt(&self, worker: usize, blocks: &[u64], image_from: usize, uuid_named: bool) {
         let Some(w) = self.workers.get(worker) else { return };
         let confirmable = match (w.publishes_events(), w.engine()) {
             (false, _) => 0,
-            (true, Engine::Vllm) => blocks.len(),
-            (true, Engine::Sglang) => image_from.min(blocks.len()),
+            (true, Engine::Vllm) if uuid_named => blocks.len(),
+            (true, _) => image_from.min(blocks.len()),
         };
         let (confirmed, guessed) = blocks.split_at(confirmable);
         self.index.record(worker, confirmed, Source::Pending);

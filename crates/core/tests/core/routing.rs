@@ -291,6 +291,27 @@ fn a_dispatch_is_pending_on_an_event_worker_and_approximate_elsewhere() {
 }
 
 #[test]
+fn image_blocks_events_cannot_confirm_stay_approximate() {
+    let mut specs = names(3);
+    specs[1].engine = mmrouter_core::routing::Engine::Sglang;
+    let r = Router::new(RoutingConfig::default(), specs).expect("valid router");
+    let b = blocks(15, 8);
+    for w in 0..3 {
+        r.worker(w).set_publishes_events(true);
+    }
+    r.record_prompt(0, &b, 3, true); // vLLM naming images by the router's uuid: all confirmable
+    r.record_prompt(1, &b, 3, true); // SGLang: its events name image tokens by pad values
+    r.record_prompt(2, &b, 3, false); // vLLM rehashing the uuid with the request's kwargs
+    let d = select(&r, &req(&b), &[true; 3]).expect("healthy");
+    let split: Vec<_> = d.overlap_sources.iter().map(|o| (o.pending, o.approximate)).collect();
+    assert_eq!(split, vec![(8, 0), (3, 5), (3, 5)]);
+    // Text-only prompts (image_from = len) are pending everywhere.
+    let t = blocks(16, 4);
+    r.record_prompt(1, &t, t.len(), true);
+    assert_eq!(select(&r, &req(&t), &[true; 3]).expect("healthy").overlap_sources[1].pending, 4);
+}
+
+#[test]
 fn event_removals_and_clears_reach_the_index() {
     let r = router(PolicyKind::Kv, 3);
     let b = blocks(14, 5);
