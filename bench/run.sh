@@ -2,10 +2,11 @@
 # Routing benchmark: the same seeded multimodal workload through
 #   (a) direct round-robin to the simulated workers (the load generator spreads requests itself),
 #   (b) mmrouter round_robin, (c) mmrouter kv with exact_accounting = false (text-prefix only),
-#   (d) mmrouter kv exact, (e) sglang-router cache_aware, (f) vllm-router cache_aware,
+#   (d) mmrouter kv exact, (d') mmrouter kv exact following the sims' KV events (precise mode),
+#   (e) sglang-router cache_aware, (f) vllm-router cache_aware,
 # each against freshly started `mmrouter sim` workers (cold caches, bounded KV, a timing model,
 # prefill contention), plus rows replaying the workload one request at a time (concurrency 1: no
-# load to balance) through mmrouter kv exact and sglang-router, and straight to one sim whose KV
+# load to balance) through mmrouter kv exact (approximate and precise) and sglang-router, and straight to one sim whose KV
 # cache never evicts (the workload's reuse ceiling: every block seen before is cached); then an
 # overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
 # throughput table (two zero-time sims, closed loop, concurrency 16, the same requests).
@@ -37,7 +38,7 @@ for arg in "$@"; do
     --no-peers) PEERS=0 ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,24p' "$0"
+      sed -n '2,25p' "$0"
       exit 0
       ;;
     *)
@@ -175,17 +176,25 @@ SIM_HOST_ARG=()
 
 SIM_URLS=()
 SIM_PIDS=()
-# start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS [KV_BLOCKS]: fresh workers (cold caches).
+SIM_EVENTS=()
+# start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS [KV_BLOCKS] [events]: fresh workers (cold caches);
+# with "events" each publishes its KV events (vLLM map form) on its own loopback port (SIM_EVENTS).
 start_sims() {
-  local n=$1 ttft=$2 prefill=$3 decode=$4 kv=${5:-$KV_BLOCKS} i port pid
+  local n=$1 ttft=$2 prefill=$3 decode=$4 kv=${5:-$KV_BLOCKS} events=${6:-} i port pid ev
   SIM_URLS=()
   SIM_PIDS=()
+  SIM_EVENTS=()
   for i in $(seq 0 $((n - 1))); do
     port=$(free_port)
+    ev=()
+    if [[ $events == events ]]; then
+      SIM_EVENTS+=("tcp://127.0.0.1:$(free_port)")
+      ev=(--kv-events "${SIM_EVENTS[$i]}")
+    fi
     "$MMR" sim "${SIM_HOST_ARG[@]+"${SIM_HOST_ARG[@]}"}" --port "$port" --name "sim$i" --block-size 16 \
       --kv-blocks "$kv" --ttft-base-ms "$ttft" --prefill-us-per-token "$prefill" \
       --decode-ms-per-token "$decode" --max-output-tokens "$MAX_TOKENS" --seed "$((SEED + i))" \
-      >"$WORK/sim$i.log" 2>&1 &
+      "${ev[@]+"${ev[@]}"}" >"$WORK/sim$i.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     SIM_PIDS+=("$pid")
@@ -221,7 +230,9 @@ write_config() {
     printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$port"
     printf '[model]\ndir = "qwen3-vl"\nblock_size = 16\nexact_accounting = %s\n\n' "$exact"
     for i in "${!SIM_URLS[@]}"; do
-      printf '[[workers]]\nname = "sim%s"\nurl = "%s"\n\n' "$i" "${SIM_URLS[$i]}"
+      printf '[[workers]]\nname = "sim%s"\nurl = "%s"\n' "$i" "${SIM_URLS[$i]}"
+      [[ -z ${SIM_EVENTS[$i]:-} ]] || printf 'kv_events = "%s"\n' "${SIM_EVENTS[$i]}"
+      printf '\n'
     done
     printf '[routing]\npolicy = "%s"\n\n' "$policy"
     printf '[media]\nallow_cidrs = ["127.0.0.0/8"]\n'
@@ -232,7 +243,7 @@ ROUTER_PID=
 ROUTER_URL=
 ROUTER_METRICS=
 ROUTER_ERR=
-# start_router KIND NAME: KIND is direct | mmrouter:POLICY:EXACT | sgl | vllmr. Sets ROUTER_URL
+# start_router KIND NAME: KIND is direct | mmrouter:POLICY:EXACT[:events] | sgl | vllmr. Sets ROUTER_URL
 # (empty for direct), or ROUTER_ERR with the reason it could not start.
 start_router() {
   local kind=$1 name=$2 port mport status cfg
@@ -241,7 +252,7 @@ start_router() {
   port=$(free_port)
   case "$kind" in
     mmrouter:*)
-      IFS=: read -r _ policy exact <<<"$kind"
+      IFS=: read -r _ policy exact _ <<<"$kind"
       cfg="$WORK/$name.toml"
       write_config "$cfg" "$port" "$policy" "$exact"
       "$MMR" serve --config "$cfg" >"$WORK/$name.log" 2>&1 &
@@ -312,9 +323,11 @@ RUNS=(
   "mmrouter-rr|mmrouter:round_robin:true|mmrouter round_robin|"
   "mmrouter-kv-text|mmrouter:kv:false|mmrouter kv, text prefix only|"
   "mmrouter-kv-exact|mmrouter:kv:true|mmrouter kv, exact image accounting|"
+  "mmrouter-kv-events|mmrouter:kv:true:events|mmrouter kv exact, precise (workers' KV events)|"
   "sglang-router|sgl|sglang-router $SGL_VERSION cache_aware|"
   "vllm-router|vllmr|vllm-router $VLLMR_VERSION cache_aware|"
   "mmrouter-kv-exact-c1|mmrouter:kv:true|mmrouter kv exact, concurrency 1|1"
+  "mmrouter-kv-events-c1|mmrouter:kv:true:events|mmrouter kv exact precise (KV events), concurrency 1|1"
   "sglang-router-c1|sgl|sglang-router cache_aware, concurrency 1|1"
   "reuse-ceiling|ceiling|reuse ceiling: one sim, KV never evicts, concurrency 1 (no router)|1"
 )
@@ -326,7 +339,7 @@ for run in "${RUNS[@]}"; do
     kind=direct
     start_sims 1 "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS" "$CEILING_KV_BLOCKS"
   else
-    start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS"
+    start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS" "$KV_BLOCKS" "${kind##*:}"
   fi
   if ! start_router "$kind" "$name"; then
     printf '%s\t%s\tn/a (%s)\t\t\t\n' "$name" "$title" "$ROUTER_ERR" >>"$ROWS"
