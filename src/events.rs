@@ -144,17 +144,24 @@ async fn follow(
         match event {
             FeedEvent::Batch { batch, .. } => {
                 st.observe.event_lag(st.router.worker(w).name(), lag(batch.ts));
-                let ops = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner()).apply(&batch);
+                let (ops, held) = {
+                    let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
+                    let ops = ingest.apply(&batch);
+                    (ops, ingest.held())
+                };
                 if ops.cleared {
                     st.router.clear_worker(w);
                 }
                 st.router.remove_events(w, &ops.removed);
                 st.router.store_events(w, &ops.stored);
+                // An engine removes blocks only to make room: the cache is full at `held`.
+                st.router.worker(w).report_cache(held as u64, !ops.removed.is_empty() && !ops.cleared);
             }
             FeedEvent::Reset { reason } => {
                 tracing::warn!(worker = %st.router.worker(w).name(), reason = reason.label(), "kv events: state reset");
                 feeds.ingest.lock().unwrap_or_else(|e| e.into_inner()).reset();
                 st.router.clear_worker(w);
+                st.router.worker(w).report_cache(0, false);
             }
             FeedEvent::Malformed { error, .. } => {
                 tracing::debug!(worker = %st.router.worker(w).name(), "kv events: malformed frame skipped ({})", error.label());

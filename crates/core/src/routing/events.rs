@@ -95,6 +95,11 @@ impl WorkerEvents {
         self.counts
     }
 
+    /// Router keys the worker holds (on any rank): its cache's fill, in blocks.
+    pub fn held(&self) -> usize {
+        self.holders.len()
+    }
+
     /// Engine hashes tracked over all ranks.
     pub fn tracked(&self) -> usize {
         self.ranks.values().map(HashMap::len).sum()

@@ -1,10 +1,18 @@
 //! `kv` (the default): cache- and load-aware cost per worker,
 //!
 //! ```text
-//! cost = prefill_weight × (uncached prompt tokens + in-flight prefill tokens)
+//! cost = prefill_weight × (uncached prompt tokens + in-flight prefill tokens
+//!                          + eviction_weight × evicted tokens)
 //!      + decode_weight  × in-flight decode tokens
 //! uncached = prompt_tokens − overlap_blocks × block_size   (saturating)
+//! evicted  = (new blocks − free blocks) × block_size        (saturating; 0 while the room is unknown)
 //! ```
+//!
+//! The eviction term needs the worker's KV events (its fill and, once it has evicted, its capacity).
+//! Without it, a prompt sharing a long prefix with one worker always goes there: with no load to
+//! weigh against (one request at a time) every conversation piles onto that worker, which evicts the
+//! others' history while the rest of the pool sits empty. Counting what a full worker would have to
+//! evict sends new work to workers with room instead, and leaves a worker its hits when it has room.
 //!
 //! lowest cost wins, ties at random; with `temperature > 0` a softmax sample over the normalised costs
 //! (Dynamo's picker). Load is always part of the score, so a cache hit on a busy worker does not win
@@ -18,6 +26,7 @@ use super::policy::{argmin_random_tie, softmax_sample, Candidates, Pick, Policy}
 pub(crate) struct Kv {
     pub prefill_weight: f64,
     pub decode_weight: f64,
+    pub eviction_weight: f64,
     pub temperature: f64,
 }
 
@@ -27,7 +36,16 @@ impl Kv {
             u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0)).saturating_mul(u64::from(c.req.block_size));
         let uncached = u64::from(c.req.prompt_tokens).saturating_sub(overlap_tokens);
         let load = c.inflight.get(worker).copied().unwrap_or_default();
-        self.prefill_weight * uncached.saturating_add(load.prefill_tokens) as f64
+        let evicted = match c.room.get(worker).copied().flatten() {
+            Some(room) => {
+                let overlap = u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0));
+                let new_blocks = (c.req.blocks.len() as u64).saturating_sub(overlap);
+                new_blocks.saturating_sub(room).saturating_mul(u64::from(c.req.block_size))
+            }
+            None => 0,
+        };
+        self.prefill_weight
+            * (uncached.saturating_add(load.prefill_tokens) as f64 + self.eviction_weight * evicted as f64)
             + self.decode_weight * load.decode_tokens as f64
     }
 }

@@ -53,6 +53,10 @@ pub struct RoutingConfig {
     pub prefill_weight: f64,
     /// Weight of in-flight decode tokens in the `kv` cost.
     pub decode_weight: f64,
+    /// Weight, relative to `prefill_weight`, of the cached tokens a worker would have to evict to store
+    /// the request's new blocks (known only for workers whose KV events show a full cache): what the
+    /// cache's earlier users will recompute. 0 ignores cache room.
+    pub eviction_weight: f64,
     /// 0 = lowest cost wins; > 0 = softmax sampling over normalised costs (higher = more spread).
     pub temperature: f64,
     /// Global budget of block keys in the index (all workers together), LRU-evicted.
@@ -70,6 +74,7 @@ impl Default for RoutingConfig {
             policy: PolicyKind::Kv,
             prefill_weight: 1.0,
             decode_weight: 1.0,
+            eviction_weight: 1.0,
             temperature: 0.0,
             index_max_blocks: 1_000_000,
             index_ttl_secs: 600,
@@ -112,6 +117,7 @@ impl RoutingConfig {
         for (key, value) in [
             ("routing.prefill_weight", self.prefill_weight),
             ("routing.decode_weight", self.decode_weight),
+            ("routing.eviction_weight", self.eviction_weight),
             ("routing.temperature", self.temperature),
         ] {
             if !value.is_finite() || value < 0.0 {
@@ -201,6 +207,7 @@ impl Router {
             PolicyKind::Kv => Box::new(kv::Kv {
                 prefill_weight: cfg.prefill_weight,
                 decode_weight: cfg.decode_weight,
+                eviction_weight: cfg.eviction_weight,
                 temperature: cfg.temperature,
             }),
             PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new()),
@@ -231,7 +238,9 @@ impl Router {
         let overlap_sources = self.index.probe_detail(req.blocks, self.workers.len());
         let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
         let inflight: Vec<InFlight> = self.workers.iter().map(|w| w.inflight()).collect();
-        let candidates = Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight };
+        let room: Vec<Option<u64>> = self.workers.iter().map(|w| w.cache_room()).collect();
+        let candidates =
+            Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight, room: &room };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
         Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, policy: self.policy.name() })

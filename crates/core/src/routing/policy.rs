@@ -12,6 +12,8 @@ pub(crate) struct Candidates<'a> {
     pub eligible: &'a [bool],
     pub overlap_blocks: &'a [u32],
     pub inflight: &'a [InFlight],
+    /// Free blocks in each worker's KV cache, where its events made the capacity known.
+    pub room: &'a [Option<u64>],
 }
 
 /// A policy's choice and the per-worker score behind it (lower is better; NaN = not eligible).

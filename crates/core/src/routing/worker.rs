@@ -52,6 +52,16 @@ pub struct Worker {
     healthy: AtomicBool,
     publishes_events: AtomicBool,
     pub(crate) load: LoadCounters,
+    cache: CacheRoom,
+}
+
+/// What the worker's own events say about its KV cache's fill: blocks held now, and the capacity, known
+/// once the worker has evicted (an engine evicts only when full, so the most it ever held is then its
+/// capacity). Both 0 until the worker's events say otherwise.
+#[derive(Debug, Default)]
+struct CacheRoom {
+    held: AtomicU64,
+    capacity: AtomicU64,
 }
 
 impl Worker {
@@ -62,6 +72,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             publishes_events: AtomicBool::new(false),
             load: LoadCounters::default(),
+            cache: CacheRoom::default(),
         }
     }
 
@@ -95,6 +106,25 @@ impl Worker {
     /// Set by whoever follows the worker's event feed (true once subscribed, false when the feed is lost).
     pub fn set_publishes_events(&self, on: bool) {
         self.publishes_events.store(on, Ordering::Relaxed);
+    }
+
+    /// The worker's events say it now holds `held` blocks; `evicted`: the batch removed blocks to make
+    /// room, so the cache is full and `held` is (at least) its capacity.
+    pub fn report_cache(&self, held: u64, evicted: bool) {
+        self.cache.held.store(held, Ordering::Relaxed);
+        if evicted || (self.cache_capacity().is_some_and(|c| held > c)) {
+            self.cache.capacity.fetch_max(held, Ordering::Relaxed);
+        }
+    }
+
+    /// Blocks the worker's cache holds beyond which it must evict; `None` until it has evicted once.
+    pub fn cache_capacity(&self) -> Option<u64> {
+        Some(self.cache.capacity.load(Ordering::Relaxed)).filter(|&c| c > 0)
+    }
+
+    /// Free blocks in the worker's cache (saturating), if its capacity is known.
+    pub fn cache_room(&self) -> Option<u64> {
+        self.cache_capacity().map(|c| c.saturating_sub(self.cache.held.load(Ordering::Relaxed)))
     }
 
     /// The load currently held on this worker.

@@ -343,3 +343,43 @@ fn a_thousand_and_twenty_four_workers_route_to_the_longest_cache() {
     assert_eq!(d.candidates.len(), 1024);
     assert_eq!((d.overlap_blocks[0], d.overlap_blocks[1023]), (8, 40));
 }
+
+#[test]
+fn a_full_worker_counts_what_it_would_evict() {
+    let route = |eviction_weight: f64| {
+        let cfg = RoutingConfig { eviction_weight, ..RoutingConfig::default() };
+        let r = Router::new(cfg, names(2)).expect("valid router");
+        let b = blocks(17, 40);
+        for w in 0..2 {
+            r.worker(w).set_publishes_events(true);
+        }
+        // Worker 0 holds the request's first 10 blocks and has evicted: it is full at 500 blocks.
+        r.store_events(0, &b[..10]);
+        r.worker(0).report_cache(500, true);
+        assert_eq!(r.worker(0).cache_room(), Some(0));
+        assert_eq!(r.worker(1).cache_room(), None, "never evicted: capacity unknown");
+        select(&r, &req(&b), &[true, true]).expect("healthy")
+    };
+    // 30 new blocks there evict 30 others: 30 + 30 > 40 uncached blocks on the empty worker.
+    let d = route(1.0);
+    assert_eq!(d.worker(), 1, "{:?}", d.costs);
+    assert_eq!(d.costs, vec![(30 + 30) as f64 * BS as f64, 40.0 * BS as f64]);
+    // Without the eviction term the shared prefix wins whatever it costs the worker's other users.
+    assert_eq!(route(0.0).worker(), 0);
+}
+
+#[test]
+fn cache_room_follows_the_events() {
+    let r = router(PolicyKind::Kv, 1);
+    let w = r.worker(0);
+    w.report_cache(100, false);
+    assert_eq!(w.cache_room(), None);
+    w.report_cache(120, true);
+    assert_eq!((w.cache_capacity(), w.cache_room()), (Some(120), Some(0)));
+    w.report_cache(90, false);
+    assert_eq!(w.cache_room(), Some(30));
+    w.report_cache(130, false); // held more than thought: the capacity grows with it
+    assert_eq!(w.cache_capacity(), Some(130));
+    w.report_cache(0, false); // restarted: empty, the capacity stays
+    assert_eq!(w.cache_room(), Some(130));
+}
