@@ -1,10 +1,11 @@
 //! The unsynchronised index behind [`super::BlockIndex`]'s lock: a slab of nodes (one per key), the
 //! key → slot [`Table`], an intrusive LRU list over the nodes, and running counts.
 //!
-//! A node is 32 bytes: the key, its two LRU links and its [`Holders`] (two inline). Freed slots are
-//! threaded through their `next` link and reused before the slab grows, so the slab never holds more
-//! than `max_blocks` nodes. Expired entries are dropped lazily — when their key is written, when the key
-//! reaches the LRU tail, or when the sweep hand passes its slot — so nothing here needs a timer.
+//! A node is 32 bytes, aligned to 32 so it never straddles a cache line: the key, its two LRU links
+//! and its [`Holders`] (two inline). Freed slots are threaded through their `next` link and reused
+//! before the slab grows, and the slab's capacity grows by doubling but never past `max_blocks` nodes.
+//! Expired entries are dropped lazily — when their key is written, when the key reaches the LRU tail,
+//! or when the sweep hand passes its slot — so nothing here needs a timer.
 
 use super::holders::{Holder, Holders};
 use super::table::Table;
@@ -32,6 +33,7 @@ impl Ttls {
     }
 }
 
+#[repr(align(32))]
 pub(super) struct Node {
     key: u64,
     prev: u32,
@@ -100,10 +102,17 @@ impl Store {
         self.per_worker[usize::from(worker)]
     }
 
-    /// The holders of `key`, if the index has it.
-    pub(super) fn holders(&self, key: u64) -> Option<&Holders> {
-        let slot = self.find(key)?;
-        Some(&self.nodes[slot as usize].holders)
+    /// The slot of each of `keys` (NIL where absent). Looking several keys up in one loop lets their
+    /// cache misses (table entry, then node) overlap instead of following one another.
+    pub(super) fn find_all(&self, keys: &[u64], slots: &mut [u32]) {
+        for (slot, &key) in slots.iter_mut().zip(keys) {
+            *slot = self.find(key).unwrap_or(NIL);
+        }
+    }
+
+    /// The holders at a live `slot` (from [`Store::find_all`]).
+    pub(super) fn holders_at(&self, slot: u32) -> &Holders {
+        &self.nodes[slot as usize].holders
     }
 
     /// Applies one write for (`key`, `worker`) at stamp `now`.
@@ -183,7 +192,11 @@ impl Store {
         let node = Node { key, prev: NIL, next: NIL, holders };
         let slot = match self.free {
             NIL => {
-                // len < max_blocks ≤ table::MAX_KEYS < u32::MAX, and free slots are used first.
+                // No free slot, so nodes.len() == len < max_blocks ≤ table::MAX_KEYS < u32::MAX.
+                if self.nodes.len() == self.nodes.capacity() {
+                    let room = self.nodes.capacity().max(1024).min(self.max_blocks - self.nodes.len());
+                    self.nodes.reserve_exact(room);
+                }
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
