@@ -91,8 +91,9 @@ pub(super) enum Holders {
 impl Holders {
     pub(super) const NONE: Holders = Holders::Inline { stamps: [0; INLINE], tags: [EMPTY; INLINE] };
 
+    /// Only the inline form can be empty: the others move back inline before that.
     pub(super) fn is_empty(&self) -> bool {
-        self.len() == 0
+        matches!(self, Holders::Inline { tags, .. } if tags[0] == EMPTY)
     }
 
     pub(super) fn len(&self) -> usize {
@@ -113,6 +114,24 @@ impl Holders {
                 if let Some(events) = &m.events {
                     events.for_each(|w| f(Holder { worker: w as u16, source: Source::Event, stamp: 0 }));
                 }
+            }
+        }
+    }
+
+    /// Whether `pred` holds for some holder; stops at the first that does.
+    pub(super) fn any(&self, mut pred: impl FnMut(Holder) -> bool) -> bool {
+        match self {
+            Holders::Inline { stamps, tags } => array_any(stamps, tags, pred),
+            Holders::Few(x) => array_any(&x.stamps, &x.tags, pred),
+            Holders::Many(m) => {
+                m.entries.iter().any(|&e| pred(e.holder()))
+                    || m.events.as_ref().is_some_and(|events| {
+                        let mut found = false;
+                        events.for_each(|w| {
+                            found = found || pred(Holder { worker: w as u16, source: Source::Event, stamp: 0 })
+                        });
+                        found
+                    })
             }
         }
     }
@@ -146,6 +165,7 @@ impl Holders {
         }
     }
 
+    #[cfg(test)]
     pub(super) fn get(&self, worker: u16) -> Option<Holder> {
         if let Holders::Many(m) = self {
             if m.events.as_ref().is_some_and(|e| e.contains(usize::from(worker))) {
@@ -322,6 +342,18 @@ impl Many {
 
 fn used(tags: &[u16]) -> usize {
     tags.iter().take_while(|&&t| t != EMPTY).count()
+}
+
+fn array_any(stamps: &[u32], tags: &[u16], mut pred: impl FnMut(Holder) -> bool) -> bool {
+    for (&stamp, &tag) in stamps.iter().zip(tags) {
+        if tag == EMPTY {
+            return false;
+        }
+        if pred(Entry { stamp, tag }.holder()) {
+            return true;
+        }
+    }
+    false
 }
 
 fn array_for_each(stamps: &[u32], tags: &[u16], mut f: impl FnMut(Holder)) {

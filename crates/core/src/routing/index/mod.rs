@@ -270,7 +270,7 @@ impl BlockIndex {
         for chunk in keys.rchunks(WRITE_CHUNK) {
             let mut store = self.lock();
             for &key in chunk.iter().rev() {
-                store.write(op, key, worker, now, self.ttls);
+                store.write(op, key, worker, now);
             }
             store.sweep(now, self.ttls, chunk.len());
             // A waiting probe goes before the next chunk (see the module docs).

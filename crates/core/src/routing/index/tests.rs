@@ -386,13 +386,14 @@ fn the_sweep_hand_drops_expired_entries_away_from_the_lru_tail() {
     idx.store_events_at(0, &keys(0..1), t0);
     idx.record_at(1, &keys(100..400), Pending, t0);
     assert_eq!(idx.counts().pending, 300);
-    // Unrelated writes after the pending TTL: the hand (at slot 301 now, and sweeping two slots per key
-    // written) wraps around and passes every pending slot.
-    for i in 0..4u64 {
-        idx.record_at(2, &keys(1000 + i * 100..1100 + i * 100), Approximate, secs(t0, 40));
+    // Unrelated writes after the pending TTL: the first inserts 100 keys, the others refresh them, so
+    // the slab stops growing and the hand (one slot per key written) wraps around past every pending
+    // slot.
+    for _ in 0..5 {
+        idx.record_at(2, &keys(1000..1100), Approximate, secs(t0, 40));
     }
-    assert_eq!(idx.counts(), BySource { events: 1, pending: 0, approximate: 400 });
-    assert_eq!(idx.len(), 401);
+    assert_eq!(idx.counts(), BySource { events: 1, pending: 0, approximate: 100 });
+    assert_eq!(idx.len(), 101);
 }
 
 mod model {
