@@ -59,7 +59,9 @@ fn opt_str(v: &Json) -> Option<&str> {
 fn opt_u32(v: &Json) -> Option<u32> {
     match v {
         Json::Null => None,
-        other => Some(other.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or_else(|| panic!("not a u32: {other}"))),
+        other => {
+            Some(other.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or_else(|| panic!("not a u32: {other}")))
+        }
     }
 }
 
@@ -152,8 +154,17 @@ const STORED_KEYS: [&str; 21] = [
     "is_remote",
 ];
 
-const REMOVED_KEYS: [&str; 9] =
-    ["type", "block_hashes", "medium", "group_idx", "locality", "ownership", "is_main_attention", "is_device_tier", "is_remote"];
+const REMOVED_KEYS: [&str; 9] = [
+    "type",
+    "block_hashes",
+    "medium",
+    "group_idx",
+    "locality",
+    "ownership",
+    "is_main_attention",
+    "is_device_tier",
+    "is_remote",
+];
 
 fn assert_keys(exp: &Json, keys: &[&str]) {
     let got: BTreeSet<&str> = exp.as_object().expect("event object").keys().map(String::as_str).collect();
@@ -302,7 +313,11 @@ fn manifests_list_exactly_the_committed_payloads() {
     for dir in std::fs::read_dir(fixtures_dir().join("seq")).unwrap() {
         let dir = dir.unwrap();
         for f in std::fs::read_dir(dir.path()).unwrap() {
-            on_disk.insert(format!("seq/{}/{}", dir.file_name().to_string_lossy(), f.unwrap().file_name().to_string_lossy()));
+            on_disk.insert(format!(
+                "seq/{}/{}",
+                dir.file_name().to_string_lossy(),
+                f.unwrap().file_name().to_string_lossy()
+            ));
         }
     }
     assert_eq!(referenced, on_disk, "seq/ and sequences.json disagree (rerun fixtures/gen.py)");
@@ -335,8 +350,7 @@ fn cases_cover_every_shape() {
     ] {
         assert!(has(needle), "no case has {needle}");
     }
-    let engines: BTreeSet<(&str, &str)> =
-        cases.iter().map(|c| (str_of(c, "engine"), str_of(c, "versions"))).collect();
+    let engines: BTreeSet<(&str, &str)> = cases.iter().map(|c| (str_of(c, "engine"), str_of(c, "versions"))).collect();
     for (engine, versions) in [
         ("vllm", "0.9.0"),
         ("vllm", "0.15"),
@@ -471,7 +485,13 @@ mod feed {
     /// The engines' `_service_replay`: `[identity, b"", start]` → every ring entry with seq ≥ start, then
     /// the end marker; `[b"", seq, payload]` (3 frames as the DEALER sees them) or `[b"", topic, seq,
     /// payload]` (4 frames).
-    async fn serve_replay(mut router: RouterSocket, ring: Ring, frames: u8, topic: Bytes, mut stop: oneshot::Receiver<()>) {
+    async fn serve_replay(
+        mut router: RouterSocket,
+        ring: Ring,
+        frames: u8,
+        topic: Bytes,
+        mut stop: oneshot::Receiver<()>,
+    ) {
         loop {
             let msg = tokio::select! {
                 _ = &mut stop => break,
@@ -558,9 +578,9 @@ mod feed {
             .find(|s| s["name"] == name)
             .unwrap_or_else(|| panic!("no scenario {name} in sequences.json"))
             .clone();
-        let replay = sc["replay"].as_object().map(|r| {
-            (r["frames"].as_u64().unwrap() as u8, r["ring"].as_u64().unwrap() as usize)
-        });
+        let replay = sc["replay"]
+            .as_object()
+            .map(|r| (r["frames"].as_u64().unwrap() as u8, r["ring"].as_u64().unwrap() as usize));
         let mut publisher = Publisher::start(str_of(&sc, "topic"), replay).await;
         let mut cfg = FeedConfig::new(&publisher.endpoint).with_topic(str_of(&sc, "subscribe"));
         cfg.replay_endpoint = publisher.replay_endpoint.clone();
@@ -581,7 +601,8 @@ mod feed {
                 }
                 "restart" => publisher.restart(),
                 "frames" => {
-                    let frames = step["frames"].as_array().unwrap().iter().map(|f| Bytes::from(hex(f.as_str().unwrap())));
+                    let frames =
+                        step["frames"].as_array().unwrap().iter().map(|f| Bytes::from(hex(f.as_str().unwrap())));
                     publisher.send(frames.collect()).await;
                 }
                 "expect" => {

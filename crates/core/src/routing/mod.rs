@@ -323,11 +323,13 @@ impl Router {
 }
 
 /// The pick first, then the other eligible workers by ascending cost; equal costs in rotation order
-/// after the pick, so retries spread instead of always trying worker 0 next.
+/// after the pick, so retries spread instead of always trying worker 0 next. The list is built in
+/// rotation order and sorted stably by cost alone, so ties keep that order without a rotation key in
+/// the comparison, and the common case (most workers tie) is one sorted run: a linear merge.
 fn rank(pick: usize, costs: &[f64], eligible: &[bool]) -> Vec<usize> {
     let n = eligible.len();
-    let mut rest: Vec<usize> = (0..n).filter(|&i| eligible[i] && i != pick).collect();
-    rest.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(((a + n - pick) % n).cmp(&((b + n - pick) % n))));
+    let mut rest: Vec<usize> = (1..n).map(|d| (pick + d) % n).filter(|&i| eligible[i]).collect();
+    rest.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]));
     std::iter::once(pick).chain(rest).collect()
 }
 

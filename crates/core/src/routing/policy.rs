@@ -30,28 +30,24 @@ pub(crate) trait Policy: Send + Sync {
 }
 
 /// Uniformly random among the workers with the lowest non-NaN cost (peers sent every tie to the first
-/// worker and collapsed onto it).
+/// worker and collapsed onto it). One pass counts the ties, one draw picks among them: with 1024
+/// workers and no cache hit every worker ties, and a draw per tie would cost more than the rest.
 pub(crate) fn argmin_random_tie(costs: &[f64], rng: &mut dyn RngCore) -> Option<usize> {
     let mut best = f64::INFINITY;
-    let mut chosen = None;
-    let mut ties = 0u32;
-    for (i, &c) in costs.iter().enumerate() {
-        if c.is_nan() {
-            continue;
-        }
-        if chosen.is_none() || c < best {
-            best = c;
-            chosen = Some(i);
-            ties = 1;
+    let mut ties = 0usize;
+    for &c in costs.iter().filter(|c| !c.is_nan()) {
+        if ties == 0 || c < best {
+            (best, ties) = (c, 1);
         } else if c == best {
-            // Reservoir sampling: the k-th tie replaces the choice with probability 1/k.
             ties += 1;
-            if rng.random_range(0..ties) == 0 {
-                chosen = Some(i);
-            }
         }
     }
-    chosen
+    let nth = match ties {
+        0 => return None,
+        1 => 0,
+        n => rng.random_range(0..n),
+    };
+    costs.iter().enumerate().filter(|&(_, &c)| c == best).nth(nth).map(|(i, _)| i)
 }
 
 /// Samples a worker with probability ∝ exp(−(c − c_min) / ((c_max − c_min) · temperature)) over the

@@ -22,16 +22,21 @@
 //! prompt's blocks last-to-first, so its head is the most recent and the tail of a prefix is evicted
 //! before its head (a lost head block makes every later block useless). Probes do not refresh
 //! recency. A key costs a 32-byte node (two holders inline) and an 8-byte table entry at a load factor
-//! between 3/8 and 3/4 (~11–21 bytes per key); keys held by three or more workers add a heap list of
-//! 8 bytes per holder. The holders of a key are at most one per worker, and per-worker state is a
-//! fixed [`MAX_WORKERS`]-entry counter table, so nothing grows beyond the budget.
+//! between 3/8 and 3/4 (~11–21 bytes per key); a key with 3–4 holders adds one 24-byte allocation, one
+//! with more a list of 8 bytes per holder (its event holders move to a 128-byte bitset once there are
+//! more than 32). `benches/index.rs` measures ~51 bytes per block at 10 M blocks, 1.86 holders each.
+//! The holders of a key are at most one per worker, and per-worker state is a fixed
+//! [`MAX_WORKERS`]-entry counter table, so nothing grows beyond the budget.
 //!
-//! **Locking.** One `Mutex`. A probe holds it for O(blocks + holders met) — a few microseconds for a
-//! long prompt (`benches/index.rs`). Writes are applied in chunks of at most [`WRITE_CHUNK`] keys per
-//! lock hold and [`BlockIndex::remove_worker`] scans [`SCAN_CHUNK`] slots per hold, so a large event
-//! batch or a worker reset never keeps a probe waiting for more than one chunk. A write is therefore
-//! not atomic: a probe may see part of it (the tail first, as keys are applied last-to-first, so a
-//! partial write shows up as a shorter overlap, never a longer one).
+//! **Locking.** One `Mutex` (parking_lot's, for its fair unlock). A probe holds it for O(blocks + holders met), looking keys up
+//! [`LOOKAHEAD`] at a time so their cache misses overlap (`benches/index.rs` measures it at 10 M keys
+//! and 1024 workers). Writes are applied in chunks of at most [`WRITE_CHUNK`] keys per lock hold and
+//! [`BlockIndex::remove_worker`] scans [`SCAN_CHUNK`] slots per hold; between two chunks the writer
+//! hands the lock to a waiting probe (a fair unlock: with a plain one the writer takes the lock
+//! straight back, and probes were measured waiting for whole 4096-key batches). So a large event batch
+//! or a worker reset never keeps a probe waiting for more than one chunk. A write is therefore not
+//! atomic: a probe may see part of it (the tail first, as keys are applied last-to-first, so a partial
+//! write shows up as a shorter overlap, never a longer one).
 
 mod holders;
 mod set;
@@ -40,14 +45,14 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 
 use self::holders::Holder;
-use self::set::WorkerSet;
-use self::store::{Store, Ttls, Write};
+use self::set::Matching;
+use self::store::{Store, Ttls, Write, NIL};
 
 /// Most workers one index (and therefore one router) can track: worker ids are `0..MAX_WORKERS`.
 pub const MAX_WORKERS: usize = 1024;
@@ -55,8 +60,12 @@ pub const MAX_WORKERS: usize = 1024;
 /// Most keys written per lock hold: a 256-key chunk takes tens of microseconds at most.
 pub const WRITE_CHUNK: usize = 256;
 
-/// Most slots [`BlockIndex::remove_worker`] scans per lock hold (a scan step is a few nanoseconds).
-pub const SCAN_CHUNK: usize = 4096;
+/// Most slots [`BlockIndex::remove_worker`] scans per lock hold: about 20 µs at 10 M keys (a step may
+/// follow a pointer to the key's holders).
+pub const SCAN_CHUNK: usize = 1024;
+
+/// Keys a probe looks up together before walking their holders.
+pub const LOOKAHEAD: usize = 16;
 
 /// Most keys the budget may name (the table's addressing limit).
 pub const MAX_BLOCKS: usize = table::MAX_KEYS;
@@ -118,7 +127,7 @@ pub struct BlockIndex {
     ttls: Ttls,
     /// Called after every chunk of a write, with the lock released (tests interleave probes there).
     #[cfg(test)]
-    after_chunk: Mutex<Option<Box<dyn FnMut() + Send>>>,
+    after_chunk: std::sync::Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 impl BlockIndex {
@@ -133,7 +142,7 @@ impl BlockIndex {
             epoch: Instant::now(),
             ttls: Ttls { pending: secs(pending_ttl_secs), approximate: secs(approx_ttl_secs) },
             #[cfg(test)]
-            after_chunk: Mutex::new(None),
+            after_chunk: std::sync::Mutex::new(None),
         }
     }
 
@@ -169,36 +178,36 @@ impl BlockIndex {
     /// [`probe_detail`](Self::probe_detail) at an explicit time.
     pub fn probe_detail_at(&self, blocks: &[u64], workers: usize, now: Instant) -> Vec<Overlap> {
         let workers = workers.min(MAX_WORKERS);
-        let words = set::words(workers);
         let mut out = vec![Overlap::default(); workers];
-        let mut alive = WorkerSet::first(workers);
-        let mut still = WorkerSet::EMPTY;
-        if workers == 0 {
-            return out;
+        if workers > 0 && !blocks.is_empty() {
+            self.walk(&self.lock(), blocks, self.stamp(now), &mut Matching::new(workers), &mut out);
         }
-        let now = self.stamp(now);
-        let store = self.lock();
-        for (i, key) in blocks.iter().enumerate() {
-            still.clear(words);
-            if let Some(holders) = store.holders(*key) {
-                holders.for_each(|h| {
-                    let w = usize::from(h.worker);
-                    if alive.contains(w) && self.ttls.fresh(h, now) {
-                        still.insert(w);
-                        count_source(&mut out[w], h.source);
-                    }
-                });
-            }
-            // Workers dropping out here held exactly the blocks before this one.
-            alive.for_each_missing(&still, words, |w| out[w].blocks = i as u32);
-            if still.is_empty(words) {
-                return out;
-            }
-            std::mem::swap(&mut alive, &mut still);
+        // Each matched block came from exactly one source per worker; only the timed ones were counted.
+        for o in &mut out {
+            o.events = o.blocks - o.pending - o.approximate;
         }
-        let held = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
-        alive.for_each(words, |w| out[w].blocks = held);
         out
+    }
+
+    /// The probe proper, under the lock: `out[w].blocks` for every worker, and its timed matches.
+    fn walk(&self, store: &Store, blocks: &[u64], now: u32, m: &mut Matching, out: &mut [Overlap]) {
+        let mut slots = [NIL; LOOKAHEAD];
+        let mut held = 0u32;
+        for batch in blocks.chunks(LOOKAHEAD) {
+            store.find_all(batch, &mut slots);
+            for &slot in &slots[..batch.len()] {
+                if slot != NIL {
+                    let fresh = |h| self.ttls.fresh(h, now);
+                    store.holders_at(slot).mark_fresh(m, fresh, |w, source| count_source(&mut out[w], source));
+                }
+                // Workers dropping out here held exactly the blocks before this one.
+                if !m.advance(|w| out[w].blocks = held) {
+                    return;
+                }
+                held = held.saturating_add(1);
+            }
+        }
+        m.for_each_alive(|w| out[w].blocks = held);
     }
 
     /// A dispatch: `worker` was sent a prompt with `blocks` (`Source::Pending` if it publishes events,
@@ -241,13 +250,12 @@ impl BlockIndex {
         };
         let mut start = 0;
         loop {
-            {
-                let mut store = self.lock();
-                if store.held_by(worker) == 0 || start >= store.slots() {
-                    return;
-                }
-                store.clear_worker_in(worker, start..start + SCAN_CHUNK);
+            let mut store = self.lock();
+            if store.held_by(worker) == 0 || start >= store.slots() {
+                return;
             }
+            store.clear_worker_in(worker, start..start + SCAN_CHUNK);
+            MutexGuard::unlock_fair(store);
             self.chunk_done();
             start += SCAN_CHUNK;
         }
@@ -260,13 +268,13 @@ impl BlockIndex {
         };
         let now = self.stamp(now);
         for chunk in keys.rchunks(WRITE_CHUNK) {
-            {
-                let mut store = self.lock();
-                for &key in chunk.iter().rev() {
-                    store.write(op, key, worker, now, self.ttls);
-                }
-                store.sweep(now, self.ttls, chunk.len());
+            let mut store = self.lock();
+            for &key in chunk.iter().rev() {
+                store.write(op, key, worker, now);
             }
+            store.sweep(now, self.ttls, chunk.len());
+            // A waiting probe goes before the next chunk (see the module docs).
+            MutexGuard::unlock_fair(store);
             self.chunk_done();
         }
     }
@@ -286,8 +294,7 @@ impl BlockIndex {
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
-        // Store updates cannot panic half-way, so a poisoned lock still guards a consistent index.
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
+        self.store.lock()
     }
 }
 
@@ -299,6 +306,7 @@ fn worker_id(worker: usize) -> Option<u16> {
     }
 }
 
+/// Counts one matched block of `source` (the probe passes timed sources only and derives events).
 fn count_source(o: &mut Overlap, source: Source) {
     match source {
         Source::Event => o.events += 1,

@@ -1,10 +1,11 @@
 //! The unsynchronised index behind [`super::BlockIndex`]'s lock: a slab of nodes (one per key), the
 //! key → slot [`Table`], an intrusive LRU list over the nodes, and running counts.
 //!
-//! A node is 32 bytes: the key, its two LRU links and its [`Holders`] (two inline). Freed slots are
-//! threaded through their `next` link and reused before the slab grows, so the slab never holds more
-//! than `max_blocks` nodes. Expired entries are dropped lazily — when their key is written, when the key
-//! reaches the LRU tail, or when the sweep hand passes its slot — so nothing here needs a timer.
+//! A node is 32 bytes, aligned to 32 so it never straddles a cache line: the key, its two LRU links
+//! and its [`Holders`] (two inline). Freed slots are threaded through their `next` link and reused
+//! before the slab grows, and the slab's capacity grows by doubling but never past `max_blocks` nodes.
+//! Expired entries are dropped lazily — when their key is written, when the key reaches the LRU tail,
+//! or when the sweep hand passes its slot — so nothing here needs a timer.
 
 use super::holders::{Holder, Holders};
 use super::table::Table;
@@ -32,6 +33,7 @@ impl Ttls {
     }
 }
 
+#[repr(align(32))]
 pub(super) struct Node {
     key: u64,
     prev: u32,
@@ -100,16 +102,24 @@ impl Store {
         self.per_worker[usize::from(worker)]
     }
 
-    /// The holders of `key`, if the index has it.
-    pub(super) fn holders(&self, key: u64) -> Option<&Holders> {
-        let slot = self.find(key)?;
-        Some(&self.nodes[slot as usize].holders)
+    /// The slot of each of `keys` (NIL where absent). Looking several keys up in one loop lets their
+    /// cache misses (table entry, then node) overlap instead of following one another.
+    pub(super) fn find_all(&self, keys: &[u64], slots: &mut [u32]) {
+        for (slot, &key) in slots.iter_mut().zip(keys) {
+            *slot = self.find(key).unwrap_or(NIL);
+        }
     }
 
-    /// Applies one write for (`key`, `worker`) at stamp `now`.
-    pub(super) fn write(&mut self, op: Write, key: u64, worker: u16, now: u32, ttls: Ttls) {
+    /// The holders at a live `slot` (from [`Store::find_all`]).
+    pub(super) fn holders_at(&self, slot: u32) -> &Holders {
+        &self.nodes[slot as usize].holders
+    }
+
+    /// Applies one write for (`key`, `worker`) at stamp `now`. Expired entries of the key are left to
+    /// the sweep: a probe never counts them, and checking them on every write doubled its cost.
+    pub(super) fn write(&mut self, op: Write, key: u64, worker: u16, now: u32) {
         match (op, self.find(key)) {
-            (Write::Put(source), Some(slot)) => self.put_existing(slot, worker, source, now, ttls),
+            (Write::Put(source), Some(slot)) => self.put_existing(slot, worker, source, now),
             (Write::Put(source), None) => self.insert(key, Holder { worker, source, stamp: now }),
             (Write::Remove, Some(slot)) => self.remove_holder(slot, worker),
             (Write::Remove, None) => {}
@@ -126,10 +136,11 @@ impl Store {
     }
 
     /// Bounded clean-up after a write of `written` keys: up to [`WRITE_CHUNK`] keys from the LRU tail
-    /// that no fresh entry holds, and `2 × written` slots of the sweep hand (expired entries dropped,
-    /// emptied keys freed). The hand outpaces the slab's growth (at most one slot per key written), so
-    /// it passes every slot again and again: expired entries in the middle of the LRU list go too, at
-    /// a cost proportional to the writes.
+    /// that no fresh entry holds, and `written` slots of the sweep hand (expired entries dropped,
+    /// emptied keys freed). The slab grows by at most one slot per key written and not at all once the
+    /// budget is reached or freed slots are reused, so from then on the hand passes every slot again
+    /// and again: expired entries in the middle of the LRU list go too, at a cost proportional to the
+    /// writes.
     pub(super) fn sweep(&mut self, now: u32, ttls: Ttls, written: usize) {
         for _ in 0..WRITE_CHUNK {
             let tail = self.tail;
@@ -138,7 +149,7 @@ impl Store {
             }
             self.remove_key(tail);
         }
-        for _ in 0..(2 * written).min(self.nodes.len()) {
+        for _ in 0..written.min(self.nodes.len()) {
             if self.hand >= self.nodes.len() {
                 self.hand = 0;
             }
@@ -155,17 +166,16 @@ impl Store {
         self.table.get(key, |slot| nodes[slot as usize].key)
     }
 
-    fn put_existing(&mut self, slot: u32, worker: u16, source: Source, now: u32, ttls: Ttls) {
-        // Expired entries go first (the key may be left empty for a moment: the set below refills it).
-        self.drop_expired(slot, now, ttls);
+    fn put_existing(&mut self, slot: u32, worker: u16, source: Source, now: u32) {
         let holders = &mut self.nodes[slot as usize].holders;
-        // A dispatch never downgrades what the worker itself announced.
-        let source = match holders.get(worker) {
-            Some(old) if old.source == Source::Event => Source::Event,
-            _ => source,
-        };
-        let new = Holder { worker, source, stamp: now };
-        if let Some(old) = holders.set(new) {
+        let mut new = Holder { worker, source, stamp: now };
+        let old = holders.set(new);
+        if old.is_some_and(|old| old.source == Source::Event) && source != Source::Event {
+            // A dispatch never downgrades what the worker itself announced (rare: put it back).
+            new.source = Source::Event;
+            holders.set(new);
+        }
+        if let Some(old) = old {
             self.count_sub(old);
         }
         self.count_add(new);
@@ -183,7 +193,11 @@ impl Store {
         let node = Node { key, prev: NIL, next: NIL, holders };
         let slot = match self.free {
             NIL => {
-                // len < max_blocks ≤ table::MAX_KEYS < u32::MAX, and free slots are used first.
+                // No free slot, so nodes.len() == len < max_blocks ≤ table::MAX_KEYS < u32::MAX.
+                if self.nodes.len() == self.nodes.capacity() {
+                    let room = self.nodes.capacity().max(1024).min(self.max_blocks - self.nodes.len());
+                    self.nodes.reserve_exact(room);
+                }
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
@@ -210,14 +224,10 @@ impl Store {
 
     /// Drops `slot`'s expired entries, and the key if none is left.
     fn prune(&mut self, slot: u32, now: u32, ttls: Ttls) {
-        self.drop_expired(slot, now, ttls);
-        if self.nodes[slot as usize].holders.is_empty() {
-            self.remove_key(slot);
+        // Read first: usually nothing has expired, and rewriting the holders costs more than reading.
+        if !self.nodes[slot as usize].holders.any(|h| !ttls.fresh(h, now)) {
+            return;
         }
-    }
-
-    /// Drops `slot`'s expired entries, leaving the key in place even if it is left empty.
-    fn drop_expired(&mut self, slot: u32, now: u32, ttls: Ttls) {
         let Store { nodes, counts, per_worker, .. } = self;
         nodes[slot as usize].holders.retain(|h| {
             let keep = ttls.fresh(h, now);
@@ -227,12 +237,13 @@ impl Store {
             }
             keep
         });
+        if self.nodes[slot as usize].holders.is_empty() {
+            self.remove_key(slot);
+        }
     }
 
     fn has_fresh(&self, slot: u32, now: u32, ttls: Ttls) -> bool {
-        let mut fresh = false;
-        self.nodes[slot as usize].holders.for_each(|h| fresh |= ttls.fresh(h, now));
-        fresh
+        self.nodes[slot as usize].holders.any(|h| ttls.fresh(h, now))
     }
 
     /// Frees `slot`'s key for every worker. A NIL slot (empty list) is ignored.

@@ -332,7 +332,7 @@ fn a_probe_completes_between_the_chunks_of_a_huge_store() {
         *idx.after_chunk.lock().unwrap() = Some(Box::new(move || {
             // The writer has released the lock: another thread can take it and probe. (Were the lock
             // still held, `try_lock` would fail deterministically; no timing is involved.)
-            assert!(idx2.store.try_lock().is_ok(), "lock held between chunks");
+            assert!(idx2.store.try_lock().is_some(), "lock held between chunks");
             let (idx3, chain3) = (idx2.clone(), chain2.clone());
             let seen_now = std::thread::spawn(move || {
                 // How much of the chain's tail is in place: chunks are written last-to-first.
@@ -342,12 +342,12 @@ fn a_probe_completes_between_the_chunks_of_a_huge_store() {
             })
             .join()
             .expect("probe thread");
-            seen2.lock().unwrap().push(seen_now);
+            seen2.lock().push(seen_now);
         }));
     }
     idx.store_events(0, &chain);
     *idx.after_chunk.lock().unwrap() = None;
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.lock().clone();
     let want: Vec<(usize, u32)> =
         (1..=10).map(|k| (k * WRITE_CHUNK, if k == 10 { chain.len() as u32 } else { 0 })).collect();
     assert_eq!(seen, want, "one probe per chunk, each seeing exactly the chunks written so far");
@@ -386,13 +386,14 @@ fn the_sweep_hand_drops_expired_entries_away_from_the_lru_tail() {
     idx.store_events_at(0, &keys(0..1), t0);
     idx.record_at(1, &keys(100..400), Pending, t0);
     assert_eq!(idx.counts().pending, 300);
-    // Unrelated writes after the pending TTL: the hand (at slot 301 now, and sweeping two slots per key
-    // written) wraps around and passes every pending slot.
-    for i in 0..4u64 {
-        idx.record_at(2, &keys(1000 + i * 100..1100 + i * 100), Approximate, secs(t0, 40));
+    // Unrelated writes after the pending TTL: the first inserts 100 keys, the others refresh them, so
+    // the slab stops growing and the hand (one slot per key written) wraps around past every pending
+    // slot.
+    for _ in 0..5 {
+        idx.record_at(2, &keys(1000..1100), Approximate, secs(t0, 40));
     }
-    assert_eq!(idx.counts(), BySource { events: 1, pending: 0, approximate: 400 });
-    assert_eq!(idx.len(), 401);
+    assert_eq!(idx.counts(), BySource { events: 1, pending: 0, approximate: 100 });
+    assert_eq!(idx.len(), 101);
 }
 
 mod model {
@@ -404,6 +405,7 @@ mod model {
     use std::collections::HashMap;
 
     const WORKERS: usize = 70; // past one 64-bit word
+    const WIDE_WORKERS: usize = 200;
     const PENDING_TTL: u64 = 3;
     const APPROX_TTL: u64 = 7;
 
@@ -416,19 +418,19 @@ mod model {
         Wait { secs: u64 },
     }
 
-    fn worker() -> impl Strategy<Value = usize> {
-        // Mostly a few workers (so keys gather several holders), sometimes any of them.
-        prop_oneof![4 => 0usize..4, 1 => 0..WORKERS]
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
+    /// Operations on keys `0..keys + 8`; `wide` spreads them over every worker (so keys gather more
+    /// than `holders::WIDE_AT` event holders), otherwise mostly over four (so keys have several).
+    fn op(wide: bool, keys: u64) -> impl Strategy<Value = Op> {
+        let worker =
+            move || if wide { (0..WIDE_WORKERS).boxed() } else { prop_oneof![4 => 0usize..4, 1 => 0..WORKERS].boxed() };
+        let waits = prop_oneof![Just(0u64), Just(1), Just(3), Just(4), Just(8)];
         prop_oneof![
-            4 => (worker(), 0u64..12, 1u64..8, any::<bool>())
+            4 => (worker(), 0..keys, 1u64..8, any::<bool>())
                 .prop_map(|(worker, start, len, pending)| Op::Record { worker, start, len, pending }),
-            3 => (worker(), 0u64..12, 1u64..8).prop_map(|(worker, start, len)| Op::Store { worker, start, len }),
-            2 => (worker(), 0u64..12, 1u64..4).prop_map(|(worker, start, len)| Op::Remove { worker, start, len }),
+            if wide { 8 } else { 3 } => (worker(), 0..keys, 1u64..8).prop_map(|(worker, start, len)| Op::Store { worker, start, len }),
+            2 => (worker(), 0..keys, 1u64..4).prop_map(|(worker, start, len)| Op::Remove { worker, start, len }),
             1 => worker().prop_map(|worker| Op::RemoveWorker { worker }),
-            2 => prop_oneof![Just(0u64), Just(1), Just(3), Just(4), Just(8)].prop_map(|secs| Op::Wait { secs }),
+            if wide { 1 } else { 2 } => waits.prop_map(|secs| Op::Wait { secs }),
         ]
     }
 
@@ -472,8 +474,8 @@ mod model {
             (now - stamp <= ttl).then_some(source)
         }
 
-        fn probe(&self, blocks: &[u64], now: u64) -> Vec<Overlap> {
-            (0..WORKERS)
+        fn probe(&self, blocks: &[u64], workers: usize, now: u64) -> Vec<Overlap> {
+            (0..workers)
                 .map(|w| {
                     let mut o = Overlap::default();
                     for &k in blocks {
@@ -518,33 +520,45 @@ mod model {
         le(low, got) && le(got, high)
     }
 
+    /// Applies `ops` to an unbounded index and the model, checking after each one every probe (per
+    /// worker, per source) and that the index's counts lie between the model's fresh and stored entries.
+    fn run_exact(ops: &[Op], probe: &[u64], workers: usize) -> Result<(), TestCaseError> {
+        let idx = BlockIndex::new(10_000, APPROX_TTL, PENDING_TTL);
+        let mut model = Model::default();
+        let (t0, mut now) = (Instant::now(), 0u64);
+        for op in ops {
+            if let Op::Wait { secs } = op {
+                now += secs;
+            }
+            apply(&idx, op, secs_after(t0, now));
+            model.apply(op, now);
+            prop_assert_eq!(idx.probe_detail_at(probe, workers, secs_after(t0, now)), model.probe(probe, workers, now));
+            let got = idx.counts();
+            prop_assert!(within(model.counts(now, true), got, model.counts(now, false)), "{:?}", got);
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-        /// Without budget pressure the index answers exactly as the model: every probe (per worker, per
-        /// source) after every operation; its counts lie between the model's fresh and stored entries.
+        /// Without budget pressure the index answers exactly as the model.
         #[test]
-        fn matches_the_model(ops in proptest::collection::vec(op(), 1..60), probe_len in 1u64..14) {
-            let idx = BlockIndex::new(10_000, APPROX_TTL, PENDING_TTL);
-            let mut model = Model::default();
-            let (t0, mut now) = (Instant::now(), 0u64);
-            let probe: Vec<u64> = (0..probe_len).collect();
-            for op in &ops {
-                if let Op::Wait { secs } = op {
-                    now += secs;
-                }
-                apply(&idx, op, secs_after(t0, now));
-                model.apply(op, now);
-                prop_assert_eq!(idx.probe_detail_at(&probe, WORKERS, secs_after(t0, now)), model.probe(&probe, now));
-                let got = idx.counts();
-                prop_assert!(within(model.counts(now, true), got, model.counts(now, false)), "{:?}", got);
-            }
+        fn matches_the_model(ops in proptest::collection::vec(op(false, 12), 1..60), probe_len in 1u64..14) {
+            run_exact(&ops, &(0..probe_len).collect::<Vec<_>>(), WORKERS)?;
+        }
+
+        /// The same with keys held by up to 200 workers: the event bitset of widely held keys, and keys
+        /// moving between every holder form.
+        #[test]
+        fn matches_the_model_with_widely_held_keys(ops in proptest::collection::vec(op(true, 3), 1..400)) {
+            run_exact(&ops, &(0..10).collect::<Vec<_>>(), WIDE_WORKERS)?;
         }
 
         /// Under a tight budget the index never exceeds it and never claims more than the model: every
         /// entry it keeps is one the model keeps too (eviction only forgets).
         #[test]
-        fn never_claims_more_than_the_model(ops in proptest::collection::vec(op(), 1..60), budget in 1usize..10) {
+        fn never_claims_more_than_the_model(ops in proptest::collection::vec(op(false, 12), 1..60), budget in 1usize..10) {
             let idx = BlockIndex::new(budget, APPROX_TTL, PENDING_TTL);
             let mut model = Model::default();
             let (t0, mut now) = (Instant::now(), 0u64);
@@ -558,7 +572,7 @@ mod model {
                 prop_assert!(idx.len() <= budget);
                 for probe in &probes {
                     let got = idx.probe_at(probe, WORKERS, secs_after(t0, now));
-                    let want = model.probe(probe, now);
+                    let want = model.probe(probe, WORKERS, now);
                     for w in 0..WORKERS {
                         prop_assert!(got[w] <= want[w].blocks, "worker {}: {} > {}", w, got[w], want[w].blocks);
                     }
