@@ -1,7 +1,6 @@
 //! Shared helpers for the media behaviour tests: the fixture images with their Pillow sizes, and a
 //! tiny HTTP/1.1 server on 127.0.0.1:0 whose misbehaviours (ignoring `Range`, stalling, redirecting,
 //! lying about `Content-Length`, streaming forever) are scripted per path.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
