@@ -298,6 +298,21 @@ pub struct Pipeline {
 /// Why a request with images is not exact: the fallback reason label.
 type Fallback = &'static str;
 
+/// Why intake has no images for the plan: an image failed, or reading was skipped (the label).
+enum Unread {
+    Media(MediaError),
+    Skipped(Fallback),
+}
+
+impl Unread {
+    fn label(&self) -> Fallback {
+        match self {
+            Unread::Media(e) => e.label(),
+            Unread::Skipped(reason) => reason,
+        }
+    }
+}
+
 impl Pipeline {
     /// Loads the model's prompt files and its image-token counter. A model without an accounting
     /// profile still loads: its requests with images fall back with the reason.
@@ -415,28 +430,49 @@ impl Pipeline {
         Ok(Planned { plan: out.plan, timings, probes, trace: out.trace })
     }
 
-    /// Stage **intake**: every image read and probed, or the fallback reason.
+    /// Stage **intake**: every image read and probed, or the fallback reason. With
+    /// `reject_blocked_urls`, a URL the SSRF guard refuses is a [`Rejection`] whatever else happens to
+    /// the request: a request that falls back is forwarded with its URLs, which the worker fetches.
     async fn intake(
         &self,
         req: &Request<'_>,
     ) -> Result<(Result<Vec<ImageInfo>, Fallback>, Vec<ProbeTiming>), Rejection> {
-        if let Some(issue) = &req.media_issue {
-            return Ok((Err(issue.label()), Vec::new()));
+        let urls: Vec<&str> = req.images.iter().map(|i| i.url.as_ref()).collect();
+        let (read, probes) = self.read_images(req, &urls).await;
+        match read {
+            Ok(infos) => Ok((Ok(infos), probes)),
+            Err(Unread::Media(e)) if e.is_blocked() && self.reject_blocked_urls => Err(Rejection::BlockedImageUrl(e)),
+            Err(unread) => {
+                if self.reject_blocked_urls {
+                    // Not every URL was checked by a fetch: screen them all before forwarding.
+                    match self.intake.screen(&urls).await {
+                        Err(e) if e.is_blocked() => return Err(Rejection::BlockedImageUrl(e)),
+                        _ => {}
+                    }
+                }
+                Ok((Err(unread.label()), probes))
+            }
         }
-        if req.images.is_empty() {
-            return Ok((Ok(Vec::new()), Vec::new()));
+    }
+
+    /// Reads every image (each fetch under the SSRF guard), or says why not.
+    async fn read_images(
+        &self,
+        req: &Request<'_>,
+        urls: &[&str],
+    ) -> (Result<Vec<ImageInfo>, Unread>, Vec<ProbeTiming>) {
+        if let Some(issue) = &req.media_issue {
+            return (Err(Unread::Skipped(issue.label())), Vec::new());
+        }
+        if urls.is_empty() {
+            return (Ok(Vec::new()), Vec::new());
         }
         if !self.exact_accounting {
             // Exact accounting off: never fetch; the request is a text-prefix plan by configuration.
-            return Ok((Err("exact_disabled"), Vec::new()));
+            return (Err(Unread::Skipped("exact_disabled")), Vec::new());
         }
-        let urls: Vec<&str> = req.images.iter().map(|i| i.url.as_ref()).collect();
-        let report = self.intake.process(&urls).await;
-        match report.images {
-            Ok(infos) => Ok((Ok(infos), report.probes)),
-            Err(e) if e.is_blocked() && self.reject_blocked_urls => Err(Rejection::BlockedImageUrl(e)),
-            Err(e) => Ok((Err(e.label()), report.probes)),
-        }
+        let report = self.intake.process(urls).await;
+        (report.images.map_err(Unread::Media), report.probes)
     }
 
     /// The chat rendered and tokenized, placeholders located (when the model has an accounting
