@@ -59,9 +59,15 @@ fn check_dims(width: u64, height: u64, cfg: &MediaConfig) -> Result<(u32, u32), 
 /// A header probe on a (possibly partial) buffer: `Ok(None)` means "read more".
 /// Stored dimensions; format and pixel cap already enforced.
 pub(crate) fn probe_header(bytes: &[u8], cfg: &MediaConfig) -> Result<Option<(u32, u32, &'static str)>, MediaError> {
-    let Some((label, _)) = format_of(bytes)? else {
+    let Some((label, format)) = format_of(bytes)? else {
         return Ok(None);
     };
+    if format == ImageFormat::Bmp {
+        // A BMP header does not say whether the engines' loader (Pillow) can open the file: it refuses
+        // compressions the header happily declares (embedded JPEG/PNG, some RLE and bitfield layouts).
+        // Counting it would route a request the worker answers with 400, so BMPs are decoded.
+        return Ok(None);
+    }
     match imagesize::blob_size(bytes) {
         Ok(size) => {
             let (w, h) = check_dims(size.width as u64, size.height as u64, cfg)?;
@@ -140,6 +146,37 @@ mod tests {
         v.extend_from_slice(&h.to_be_bytes());
         v.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
         v
+    }
+
+    /// A 2×2 24-bit BMP; `compression` 0 is plain RGB, 4 declares embedded JPEG data.
+    fn bmp(compression: u32) -> Vec<u8> {
+        let mut v = b"BM".to_vec();
+        let le = |v: &mut Vec<u8>, n: u32| v.extend_from_slice(&n.to_le_bytes());
+        le(&mut v, 54 + 16); // file size
+        le(&mut v, 0);
+        le(&mut v, 54); // pixel data offset
+        le(&mut v, 40); // BITMAPINFOHEADER
+        le(&mut v, 2);
+        le(&mut v, 2);
+        v.extend_from_slice(&1u16.to_le_bytes()); // planes
+        v.extend_from_slice(&24u16.to_le_bytes()); // bits per pixel
+        le(&mut v, compression);
+        le(&mut v, 16);
+        for _ in 0..4 {
+            le(&mut v, 0);
+        }
+        v.extend_from_slice(&[0x20; 16]); // two rows of 2 pixels, padded to 4 bytes
+        v
+    }
+
+    #[test]
+    fn bmps_are_counted_only_when_they_decode() {
+        let cfg = MediaConfig::default();
+        assert_eq!(probe_bytes(&bmp(0), &cfg).unwrap(), (2, 2, "bmp"));
+        // The header claims 2×2 either way; only decoding tells that the engine cannot open it.
+        assert_eq!(imagesize::blob_size(&bmp(4)).map(|s| (s.width, s.height)).unwrap(), (2, 2));
+        assert_eq!(probe_header(&bmp(4), &cfg).unwrap(), None);
+        assert_eq!(probe_bytes(&bmp(4), &cfg).unwrap_err().label(), "decode_failed");
     }
 
     #[test]

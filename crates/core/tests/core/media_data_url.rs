@@ -151,9 +151,25 @@ async fn data_url_limits_and_errors() {
         ("data:image/png;base64,@@@@".to_string(), "invalid_data_url"),
         (data_url("image/tiff", b"II*\x00\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00"), "unsupported_format"),
         (data_url("image/png", b"\x89PNG\r\n\x1a\n"), "probe_failed"),
+        // A BMP whose header declares 2x2 with embedded-JPEG compression: Pillow cannot open it.
+        (data_url("image/bmp", &bmp_declaring_jpeg()), "decode_failed"),
     ] {
         let err = intake.process(&refs(&[bad])).await.images.unwrap_err();
         assert_eq!(err.label(), label, "{err}");
     }
     assert!(intake.process(&[]).await.images.unwrap().is_empty());
+}
+
+/// A 2x2 BMP header with compression 4 (BI_JPEG) and bytes that are no JPEG.
+fn bmp_declaring_jpeg() -> Vec<u8> {
+    let mut v = b"BM".to_vec();
+    for n in [70u32, 0, 54, 40, 2, 2] {
+        v.extend_from_slice(&n.to_le_bytes());
+    }
+    v.extend_from_slice(&[1, 0, 24, 0]); // planes, bits per pixel
+    for n in [4u32, 16, 0, 0, 0, 0] {
+        v.extend_from_slice(&n.to_le_bytes());
+    }
+    v.extend_from_slice(&[0x20; 16]);
+    v
 }
