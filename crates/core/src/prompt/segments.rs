@@ -25,6 +25,9 @@ const MIN_CACHED_BYTES: usize = 48;
 const MAX_CACHED_BYTES: usize = 64 * 1024;
 /// Entries per generation; two generations are kept, so at most twice this many pieces.
 const GENERATION_ENTRIES: usize = 4096;
+/// Token ids per generation (4 B each): one-shot prompts never repeat, so a bound in entries alone
+/// would let 8 192 cached long pieces hold hundreds of MB. Two generations: at most 32 MiB of ids.
+const GENERATION_IDS: usize = 4 << 20;
 
 pub(crate) struct SegmentEncoder {
     /// The added tokens and their ids; `None` when the literal split would not match HF's.
@@ -38,6 +41,8 @@ pub(crate) struct SegmentEncoder {
 struct Generations {
     new: HashMap<u128, Arc<[u32]>>,
     old: HashMap<u128, Arc<[u32]>>,
+    /// Ids held by `new`.
+    new_ids: usize,
 }
 
 impl Generations {
@@ -51,10 +56,14 @@ impl Generations {
     }
 
     fn insert(&mut self, key: u128, ids: Arc<[u32]>) {
-        if self.new.len() >= GENERATION_ENTRIES {
+        if self.new.len() >= GENERATION_ENTRIES || self.new_ids + ids.len() > GENERATION_IDS {
             self.old = std::mem::take(&mut self.new);
+            self.new_ids = 0;
         }
-        self.new.insert(key, ids);
+        self.new_ids += ids.len();
+        if let Some(replaced) = self.new.insert(key, ids) {
+            self.new_ids -= replaced.len();
+        }
     }
 }
 
@@ -201,5 +210,18 @@ mod tests {
         // A recent key survives; the oldest are gone.
         assert!(g.get(3 * GENERATION_ENTRIES as u128 - 1).is_some());
         assert!(g.get(0).is_none());
+    }
+
+    #[test]
+    fn generations_stay_bounded_in_ids_too() {
+        let mut g = Generations::default();
+        let long: Arc<[u32]> = Arc::from(vec![7u32; 16 * 1024]); // a ~64 KiB piece's ids
+        for k in 0..2048u128 {
+            g.insert(k, long.clone());
+        }
+        let ids: usize = g.new.values().chain(g.old.values()).map(|v| v.len()).sum();
+        assert!(ids <= 2 * GENERATION_IDS, "{ids} ids cached");
+        assert_eq!(g.new_ids, g.new.values().map(|v| v.len()).sum::<usize>());
+        assert!(g.get(2047).is_some());
     }
 }
