@@ -228,13 +228,16 @@ async fn health_says_draining_and_requests_in_flight_finish() {
     tokio::time::timeout(PATIENCE, task).await.expect("serve returns once drained").unwrap();
 }
 
-#[test]
-fn sigterm_stops_the_binary_by_the_drain_deadline() {
-    use std::io::{BufRead, BufReader, Write};
+/// `mmrouter serve` on an ephemeral port with `server_extra` in `[server]`; its address, and its
+/// stderr lines as they come.
+fn start_binary(server_extra: &str) -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mmrouter.toml");
-    let cfg = "[server]\nlisten = \"127.0.0.1:0\"\ndrain_timeout_ms = 300\nhealth_interval_ms = 0\n\
-               [[workers]]\nname = \"w\"\nurl = \"http://127.0.0.1:9\"\n";
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n{server_extra}\n\
+         [[workers]]\nname = \"w\"\nurl = \"http://127.0.0.1:9\"\n"
+    );
     std::fs::write(&path, cfg).unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
         .args(["serve", "--config"])
@@ -243,31 +246,72 @@ fn sigterm_stops_the_binary_by_the_drain_deadline() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| l.split("listening on http://").nth(1).map(|a| a.trim().to_owned()))
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    // Keeps reading so the child never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = rx
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("listening on http://").nth(1)?;
+            Some(rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect::<String>())
+        })
         .expect("the binary logs its address");
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    let mut half = std::net::TcpStream::connect(&addr).unwrap();
-    half.write_all(half_sent_post("/v1/chat/completions").as_bytes()).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    (child, addr, rx)
+}
+
+/// Sends SIGTERM and waits for the exit (at most [`PATIENCE`]).
+fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
     let killed = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(killed.success());
     let t0 = std::time::Instant::now();
-    let status = loop {
+    loop {
         if let Some(s) = child.try_wait().unwrap() {
-            break s;
+            return s;
         }
         if t0.elapsed() > PATIENCE {
             let _ = child.kill();
-            panic!("mmrouter still running {PATIENCE:?} after SIGTERM with a half-sent request");
+            panic!("mmrouter still running {PATIENCE:?} after SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+#[test]
+fn sigterm_stops_the_binary_by_the_drain_deadline() {
+    use std::io::Write;
+    let (child, addr, _lines) = start_binary("drain_timeout_ms = 300");
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    half.write_all(half_sent_post("/v1/chat/completions").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let status = terminate(child);
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn json_access_log_has_one_line_per_request() {
+    use std::io::{Read, Write};
+    let (child, addr, lines) = start_binary("log_format = \"json\"");
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nx-request-id: log-me-1\r\nconnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("x-request-id: log-me-1"), "{answer}");
+    assert!(terminate(child).success());
+    let logged: Vec<serde_json::Value> = lines.try_iter().map(|l| serde_json::from_str(&l).unwrap()).collect();
+    let access: Vec<_> = logged.iter().filter(|v| v["target"] == "mmrouter::access").collect();
+    assert_eq!(access.len(), 1, "{logged:?}");
+    let line = access[0];
+    assert_eq!(line["request_id"], "log-me-1");
+    assert_eq!(line["method"], "GET");
+    assert_eq!(line["path"], "/health");
+    assert_eq!(line["status"], 200, "workers start healthy without active checks: {line}");
+    assert!(line["duration_ms"].is_number() && line["head_ms"].is_number(), "{line}");
+    assert!(line["ts"].is_string() && line["level"] == "INFO", "{line}");
 }
 
 async fn get_with_key(url: &str, path: &str, key: Option<&str>) -> reqwest::Response {
