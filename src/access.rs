@@ -85,12 +85,12 @@ impl Drop for Line {
     fn drop(&mut self) {
         tracing::info!(
             target: "mmrouter::access",
-            request_id = self.id.to_str().unwrap_or(""),
+            request_id = %self.id.to_str().unwrap_or(""),
             method = %self.method,
             path = %self.path,
             status = self.status,
-            route = self.route.as_deref().unwrap_or("-"),
-            worker = self.worker.as_deref().unwrap_or("-"),
+            route = %self.route.as_deref().unwrap_or("-"),
+            worker = %self.worker.as_deref().unwrap_or("-"),
             head_ms = self.head_ms,
             duration_ms = ms(self.start),
             "request"

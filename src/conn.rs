@@ -164,12 +164,15 @@ async fn write_refusal(mut stream: TcpStream, retry_after: u64) {
     // kernel send a reset, which can destroy the 503 before the client reads it.
     let mut sink = [0u8; 4096];
     let mut budget = 64 * 1024;
-    while budget > 0 {
-        match stream.read(&mut sink).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => budget -= n.min(budget),
+    let drain = async {
+        while budget > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => budget -= n.min(budget),
+            }
         }
-    }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
 }
 
 /// One client connection.
