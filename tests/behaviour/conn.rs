@@ -471,3 +471,19 @@ async fn the_workers_authorization_is_forwarded_stripped_or_replaced() {
     assert_eq!(seen_by_worker(&replace, &bearer).await.0["authorization"], "Bearer worker-key");
     assert_eq!(seen_by_worker(&replace, &[]).await.0["authorization"], "Bearer worker-key");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_is_still_served() {
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let h2 = mmrouter_core::http_client_builder().no_proxy().http2_prior_knowledge().build().unwrap();
+    let r = h2
+        .post(format!("{}/v1/chat/completions", c.url))
+        .header("content-type", "application/json")
+        .body(chat_body(&[], "over h2", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-request-id"));
+}
