@@ -70,7 +70,7 @@ fn admit(front: &Front) -> Option<Slot> {
 fn shed(front: &Front) -> Response {
     let obs = &front.state.observe;
     obs.shed("inflight");
-    obs.rejected(503);
+    obs.rejected(503, "overloaded");
     let err = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
@@ -105,7 +105,7 @@ async fn read_body(front: &Front, req: Request) -> Result<Request, Response> {
             ApiError::bad_request("body_read_failed", format!("could not read the request body: {e}"))
         }
     };
-    front.state.observe.rejected(err.status.as_u16());
+    front.state.observe.rejected(err.status.as_u16(), err.code);
     let mut resp = err.into_response();
     // The rest of the body is still on the wire: this connection cannot carry another request.
     resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));

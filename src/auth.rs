@@ -92,7 +92,7 @@ pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next:
     if let Some((scope, keys)) = front.auth.required(req.uri().path()) {
         if let Err(e) = check(keys, req.headers()) {
             front.state.observe.auth_failed(scope.label());
-            front.state.observe.rejected(401);
+            front.state.observe.rejected(401, "invalid_api_key");
             let mut resp = e.into_response();
             resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return resp;

@@ -164,6 +164,10 @@ pub struct ModelSection {
     /// The workers' `--chat-template-content-format`: `auto` (detected per template, vLLM's default),
     /// `string` or `openai`.
     pub chat_template_content_format: String,
+    /// Largest rendered prompt in bytes, checked before tokenizing; above it: 400 `prompt_too_long`.
+    pub max_prompt_bytes: usize,
+    /// Largest prompt in tokens (text and image tokens); above it: 400 `prompt_too_long`.
+    pub max_prompt_tokens: u32,
 }
 
 impl Default for ModelSection {
@@ -181,6 +185,8 @@ impl Default for ModelSection {
             max_model_len: None,
             chat_template: None,
             chat_template_content_format: "auto".into(),
+            max_prompt_bytes: spec.max_prompt_bytes,
+            max_prompt_tokens: spec.max_prompt_tokens,
         }
     }
 }
@@ -495,6 +501,9 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         Some(f) => Some(f.parse::<Family>().map_err(|_| anyhow::anyhow!("model.family: unknown family '{f}'"))?),
         None => None,
     };
+    if m.max_prompt_bytes == 0 || m.max_prompt_tokens == 0 {
+        anyhow::bail!("model.max_prompt_bytes and model.max_prompt_tokens must be positive");
+    }
     let content_format = match m.chat_template_content_format.as_str() {
         "auto" => None,
         "string" => Some(ContentFormat::String),
@@ -520,6 +529,8 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         exact_accounting: m.exact_accounting,
         default_decode_tokens: m.default_decode_tokens,
         max_model_len: m.max_model_len,
+        max_prompt_bytes: m.max_prompt_bytes,
+        max_prompt_tokens: m.max_prompt_tokens,
     })
 }
 

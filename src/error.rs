@@ -41,6 +41,10 @@ impl ApiError {
             "no healthy worker is available to serve this request; retry later",
         )
     }
+    /// A failure inside the proxy itself (not the client's, not a worker's).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", message)
+    }
     pub fn body_json(&self) -> serde_json::Value {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
     }

@@ -9,6 +9,9 @@
 
 /// Counter `{route, status}`: every proxied request.
 pub const REQUESTS_TOTAL: &str = "mmrouter_requests_total";
+/// Counter `{reason}`: a request refused before routing, by its error code (`prompt_too_long`,
+/// `image_url_blocked`, `invalid_json`, …); also counted in [`REQUESTS_TOTAL`] as `route="rejected"`.
+pub const REJECTED_TOTAL: &str = "mmrouter_rejected_total";
 /// Counter `{reason}`: a request with media fell back to text-prefix routing.
 pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
 /// Histogram: image tokens of an exact-routed request.
@@ -107,6 +110,7 @@ pub struct Observer {
     handle: PrometheusHandle,
     requests: Cache<(&'static str, u16), Counter>,
     rejected: Cache<u16, Counter>,
+    rejected_reasons: Cache<&'static str, Counter>,
     fallback: Cache<&'static str, Counter>,
     upstream: Cache<(String, String), Counter>,
     overlap: Cache<&'static str, Histogram>,
@@ -148,6 +152,7 @@ impl Observer {
             recorder,
             requests: Cache::new(),
             rejected: Cache::new(),
+            rejected_reasons: Cache::new(),
             fallback: Cache::new(),
             upstream: Cache::new(),
             overlap: Cache::new(),
@@ -233,11 +238,12 @@ impl Observer {
 
     /// A request refused before it had a route (bad body, blocked image URL with
     /// `reject_blocked_urls`, …).
-    pub fn rejected(&self, status: u16) {
+    pub fn rejected(&self, status: u16, reason: &'static str) {
         let c = self
             .rejected
             .get(status, |s| self.counter(REQUESTS_TOTAL, &[("route", "rejected"), ("status", &s.to_string())]));
         c.increment(1);
+        self.rejected_reasons.get(reason, |r| self.counter(REJECTED_TOTAL, &[("reason", r)])).increment(1);
     }
 
     /// The gauge of open client connections (the accept loop moves it).
@@ -395,6 +401,7 @@ fn describe(r: &PrometheusRecorder) {
         r.describe_histogram(KeyName::from(n), u, SharedString::from(d))
     };
     counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status.");
+    counter(REJECTED_TOTAL, "Requests refused before routing, by error code.");
     counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
     histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");

@@ -46,12 +46,35 @@ pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> R
     forward(&st, &planned.plan, parts.method, &path, &parts.headers, bytes).await
 }
 
-/// Parse and plan; the observe stage records what planning took.
-async fn plan(st: &AppState, endpoint: Endpoint, bytes: &[u8]) -> Result<Planned, ApiError> {
+/// Text (bytes of the body outside image URLs) up to which a request is planned on the async
+/// runtime: rendering and tokenizing cost ~1 µs per token, so 64 KiB is at most a few ms.
+const INLINE_PLAN_BYTES: usize = 64 * 1024;
+
+/// Parse and plan; the observe stage records what planning took. Large prompts are planned on the
+/// blocking pool, at most one per core at a time.
+async fn plan(st: &Arc<AppState>, endpoint: Endpoint, bytes: &Bytes) -> Result<Planned, ApiError> {
     let request = ParsedRequest::parse(endpoint, bytes)?;
-    let planned = st.pipeline.plan(&request).await?;
+    let text_bytes = bytes.len().saturating_sub(request.images.iter().map(|i| i.url.len()).sum());
+    let planned = if text_bytes <= INLINE_PLAN_BYTES {
+        st.pipeline.plan(&request).await?
+    } else {
+        drop(request);
+        plan_blocking(st, endpoint, bytes.clone()).await?
+    };
     st.observe.planned(&planned);
     Ok(planned)
+}
+
+/// Plans on the blocking pool under a planning permit; image fetches still run on the runtime.
+async fn plan_blocking(st: &Arc<AppState>, endpoint: Endpoint, bytes: Bytes) -> Result<Planned, ApiError> {
+    let _permit = st.planners.acquire().await.map_err(|_| ApiError::internal("planning pool closed"))?;
+    let (st, runtime) = (Arc::clone(st), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || {
+        let request = ParsedRequest::parse(endpoint, &bytes)?;
+        Ok(runtime.block_on(st.pipeline.plan(&request))?)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("planning failed: {e}")))?
 }
 
 /// Select, then try the candidates in order: hold the load, record the blocks, send the original
@@ -187,7 +210,7 @@ fn finish_error(st: &AppState, plan: &RoutePlan, err: ApiError) -> Response {
 
 /// Rejected before a route was known (bad body, unreachable image with reject_blocked_urls…).
 fn rejected(st: &AppState, err: ApiError) -> Response {
-    st.observe.rejected(err.status.as_u16());
+    st.observe.rejected(err.status.as_u16(), err.code);
     err.into_response()
 }
 

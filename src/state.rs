@@ -19,6 +19,9 @@ pub struct AppState {
     pub upstream: Upstream,
     pub observe: Observer,
     pub max_body_bytes: usize,
+    /// Permits to plan a large prompt on the blocking pool: one per core, so big prompts queue for
+    /// CPU among themselves instead of starving the async workers (`/health`, small requests).
+    pub planners: tokio::sync::Semaphore,
     /// The workers' KV-event feeds, once started.
     feeds: OnceLock<Vec<Arc<WorkerFeeds>>>,
 }
@@ -38,6 +41,7 @@ impl AppState {
             pipeline,
             observe: Observer::new(),
             max_body_bytes: cfg.server.max_body_bytes,
+            planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             feeds: OnceLock::new(),
         }))
     }

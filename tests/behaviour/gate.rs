@@ -134,9 +134,10 @@ async fn the_gate_matrix() {
         Case {
             name: "failure in intake",
             model: Model::Failing { width: 333 },
-            images: vec![ok_a.clone(), "http://[::1]:9/x.png".to_owned()],
+            // Loopback is in allow_cidrs here and nothing listens on the discard port: the fetch fails.
+            images: vec![ok_a.clone(), "http://127.0.0.1:9/x.png".to_owned()],
             route: "text_prefix",
-            reason: Some("fetch_blocked"),
+            reason: Some("fetch_failed"),
         },
         Case {
             name: "unknown model",

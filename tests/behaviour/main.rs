@@ -9,6 +9,7 @@ mod count_cli;
 mod gate;
 mod harness;
 mod kv_events;
+mod limits;
 mod metrics_format;
 mod openai_sdk;
 mod proxy;

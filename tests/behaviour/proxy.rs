@@ -245,22 +245,50 @@ async fn models_health_passthrough_and_metrics() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocked_image_urls_fall_back_or_are_rejected_as_configured() {
+async fn blocked_image_urls_are_refused_unless_configured_to_fall_back() {
     let blocked = "http://2130706434:9/cat.png".to_owned();
-    // Default: the request still reaches a worker unchanged, routed on its text prefix.
-    let c = cluster_with(sims(1, fast).await, "").await;
     let body = chat_body(std::slice::from_ref(&blocked), "what is this?", false);
+    // Default: a 400 OpenAI error naming the policy, nothing forwarded (the worker would fetch it).
+    let c = cluster_with(sims(1, fast).await, "").await;
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(r.status(), 400);
+    let err = r.json::<serde_json::Value>().await.unwrap();
+    assert_openai_error(&err);
+    assert_eq!(err["error"]["code"], "image_url_blocked");
+    assert_eq!(c.sims[0].stats().requests, 0);
+
+    // reject_blocked_urls = false: the request still reaches a worker unchanged, on its text prefix.
+    let c = cluster_with(sims(1, fast).await, "[media]\nreject_blocked_urls = false").await;
     let r = post(&c.url, body.clone()).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-mmrouter-route"), "text_prefix");
     assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body));
+}
 
-    // reject_blocked_urls: a 400 OpenAI error, nothing forwarded.
-    let c = cluster_with(sims(1, fast).await, "[media]\nreject_blocked_urls = true").await;
-    let r = post(&c.url, body).await;
-    assert_eq!(r.status(), 400);
-    assert_openai_error(&r.json().await.unwrap());
-    assert_eq!(c.sims[0].stats().requests, 0);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_urls_are_refused_even_when_the_request_falls_back_for_another_reason() {
+    let blocked = "http://[::ffff:127.0.0.1]:9/x.png".to_owned();
+    let too_wide = png_data_url(6000, 20, 1); // Qwen refuses aspect ratios above 200
+    let with_audio = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},{"type":"image_url","image_url":{"url":"http://[::ffff:127.0.0.1]:9/x.png"}}]}]}"#;
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("an image that cannot be accounted comes first", "", chat_body(&[too_wide, blocked.clone()], "hi", false)),
+        ("an unsupported media part", "", with_audio.to_vec()),
+        (
+            "exact accounting off (nothing is fetched)",
+            "[model]\nexact_accounting = false",
+            chat_body(std::slice::from_ref(&blocked), "hi", false),
+        ),
+        ("a file: URL", "", chat_body(&["file:///etc/passwd".to_owned()], "hi", false)),
+        ("a gopher: URL", "", chat_body(&["gopher://127.0.0.1:70/_x".to_owned()], "hi", false)),
+    ];
+    for (name, extra, body) in cases {
+        let c = cluster_with(sims(1, fast).await, extra).await;
+        let r = post(&c.url, body).await;
+        assert_eq!(r.status(), 400, "{name}");
+        let err = r.json::<serde_json::Value>().await.unwrap();
+        assert_eq!(err["error"]["code"], "image_url_blocked", "{name}: {err}");
+        assert_eq!(c.sims[0].stats().requests, 0, "{name}: forwarded");
+    }
 }
 
 /// A chat body whose image part carries its own `uuid` (placed before `image_url`, as a client may).

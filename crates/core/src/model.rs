@@ -97,7 +97,17 @@ pub struct ModelSpec {
     pub chat_template: Option<String>,
     /// The workers' `--chat-template-content-format`; `None` is vLLM's `auto` (detected per template).
     pub content_format: Option<ContentFormat>,
+    /// Largest rendered prompt (bytes of text, before tokenizing) a request may have; beyond it the
+    /// request is refused rather than tokenized (bounded work per request).
+    pub max_prompt_bytes: usize,
+    /// Largest prompt in tokens (text and image tokens) a request may have.
+    pub max_prompt_tokens: u32,
 }
+
+/// Default `max_prompt_bytes`: 4 MiB, about a million tokens of English, above every context here.
+pub const DEFAULT_MAX_PROMPT_BYTES: usize = 4 * 1024 * 1024;
+/// Default `max_prompt_tokens`.
+pub const DEFAULT_MAX_PROMPT_TOKENS: u32 = 1 << 20;
 
 impl ModelSpec {
     /// The defaults for `source`: block size 16, exact accounting on, 256 decode tokens assumed.
@@ -114,6 +124,8 @@ impl ModelSpec {
             max_model_len: None,
             chat_template: None,
             content_format: None,
+            max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
+            max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
         }
     }
 }

@@ -211,6 +211,10 @@ pub enum Rejection {
     /// vLLM would trust that name verbatim across every tenant of the worker.
     #[error("image part uuid is not accepted: {0} (media.trust_client_uuids is off)")]
     ClientUuid(String),
+    /// The prompt is over `model.max_prompt_bytes` (checked before tokenizing) or
+    /// `model.max_prompt_tokens`: bounded work per request.
+    #[error("{0}")]
+    PromptTooLong(PlanError),
 }
 
 impl Rejection {
@@ -218,6 +222,7 @@ impl Rejection {
         match self {
             Rejection::BlockedImageUrl(_) => "image_url_blocked",
             Rejection::ClientUuid(_) => "client_uuid_untrusted",
+            Rejection::PromptTooLong(_) => "prompt_too_long",
         }
     }
 }
@@ -290,6 +295,8 @@ pub struct Pipeline {
     exact_accounting: bool,
     default_decode_tokens: u32,
     max_model_len: Option<u32>,
+    max_prompt_bytes: usize,
+    max_prompt_tokens: u32,
     intake: Intake,
     reject_blocked_urls: bool,
     trust_client_uuids: bool,
@@ -297,6 +304,21 @@ pub struct Pipeline {
 
 /// Why a request with images is not exact: the fallback reason label.
 type Fallback = &'static str;
+
+/// Why intake has no images for the plan: an image failed, or reading was skipped (the label).
+enum Unread {
+    Media(MediaError),
+    Skipped(Fallback),
+}
+
+impl Unread {
+    fn label(&self) -> Fallback {
+        match self {
+            Unread::Media(e) => e.label(),
+            Unread::Skipped(reason) => reason,
+        }
+    }
+}
 
 impl Pipeline {
     /// Loads the model's prompt files and its image-token counter. A model without an accounting
@@ -334,6 +356,8 @@ impl Pipeline {
             exact_accounting: m.exact_accounting,
             default_decode_tokens: m.default_decode_tokens,
             max_model_len: m.max_model_len,
+            max_prompt_bytes: m.max_prompt_bytes,
+            max_prompt_tokens: m.max_prompt_tokens,
             intake: Intake::new(cfg.media.clone()).map_err(LoadError::Media)?,
             reject_blocked_urls: cfg.media.reject_blocked_urls,
             trust_client_uuids: cfg.media.trust_client_uuids,
@@ -372,10 +396,12 @@ impl Pipeline {
         let mut out = Draft { plan, trace: trace.then(PromptTrace::default) };
         if req.endpoint == Endpoint::Completion {
             let t = Instant::now();
-            match plan::tokenize_completion(&self.model, req) {
+            match plan::tokenize_completion(&self.model, req, Some(self.max_prompt_bytes)) {
                 Ok(ids) => self.set_blocks(&mut out, &ids, &[], seed, true),
+                Err(e @ PlanError::PromptTooLong { .. }) => return Err(Rejection::PromptTooLong(e)),
                 Err(e) => tracing::debug!("completion prompt not tokenized ({}): routing by load", e.label()),
             }
+            self.check_prompt_tokens(&out.plan)?;
             let timings = StageTimings { intake: None, account: None, plan: t.elapsed() };
             return Ok(Planned { plan: out.plan, timings, probes: Vec::new(), trace: out.trace });
         }
@@ -393,6 +419,9 @@ impl Pipeline {
         let t = Instant::now();
         let tokens = self.tokenize(req);
         let tokenize = t.elapsed();
+        if let Err(e @ PlanError::PromptTooLong { .. }) = tokens {
+            return Err(Rejection::PromptTooLong(e));
+        }
 
         let t = Instant::now();
         let accounted = images.and_then(|infos| self.account(req, &tokens, infos));
@@ -403,6 +432,7 @@ impl Pipeline {
             trace.text = Some(tokens.text.clone());
         }
         self.gate(&mut out, tokens, accounted, has_media, seed);
+        self.check_prompt_tokens(&out.plan)?;
         out.plan.images_rehashed = !out.plan.images.is_empty() && rehashes_images(req);
         let client_uuid = req.images.iter().any(|i| i.uuid_span.is_some());
         if client_uuid && out.plan.route != Route::Exact && !self.trust_client_uuids {
@@ -415,28 +445,49 @@ impl Pipeline {
         Ok(Planned { plan: out.plan, timings, probes, trace: out.trace })
     }
 
-    /// Stage **intake**: every image read and probed, or the fallback reason.
+    /// Stage **intake**: every image read and probed, or the fallback reason. With
+    /// `reject_blocked_urls`, a URL the SSRF guard refuses is a [`Rejection`] whatever else happens to
+    /// the request: a request that falls back is forwarded with its URLs, which the worker fetches.
     async fn intake(
         &self,
         req: &Request<'_>,
     ) -> Result<(Result<Vec<ImageInfo>, Fallback>, Vec<ProbeTiming>), Rejection> {
-        if let Some(issue) = &req.media_issue {
-            return Ok((Err(issue.label()), Vec::new()));
+        let urls: Vec<&str> = req.images.iter().map(|i| i.url.as_ref()).collect();
+        let (read, probes) = self.read_images(req, &urls).await;
+        match read {
+            Ok(infos) => Ok((Ok(infos), probes)),
+            Err(Unread::Media(e)) if e.is_blocked() && self.reject_blocked_urls => Err(Rejection::BlockedImageUrl(e)),
+            Err(unread) => {
+                if self.reject_blocked_urls {
+                    // Not every URL was checked by a fetch: screen them all before forwarding.
+                    match self.intake.screen(&urls).await {
+                        Err(e) if e.is_blocked() => return Err(Rejection::BlockedImageUrl(e)),
+                        _ => {}
+                    }
+                }
+                Ok((Err(unread.label()), probes))
+            }
         }
-        if req.images.is_empty() {
-            return Ok((Ok(Vec::new()), Vec::new()));
+    }
+
+    /// Reads every image (each fetch under the SSRF guard), or says why not.
+    async fn read_images(
+        &self,
+        req: &Request<'_>,
+        urls: &[&str],
+    ) -> (Result<Vec<ImageInfo>, Unread>, Vec<ProbeTiming>) {
+        if let Some(issue) = &req.media_issue {
+            return (Err(Unread::Skipped(issue.label())), Vec::new());
+        }
+        if urls.is_empty() {
+            return (Ok(Vec::new()), Vec::new());
         }
         if !self.exact_accounting {
             // Exact accounting off: never fetch; the request is a text-prefix plan by configuration.
-            return Ok((Err("exact_disabled"), Vec::new()));
+            return (Err(Unread::Skipped("exact_disabled")), Vec::new());
         }
-        let urls: Vec<&str> = req.images.iter().map(|i| i.url.as_ref()).collect();
-        let report = self.intake.process(&urls).await;
-        match report.images {
-            Ok(infos) => Ok((Ok(infos), report.probes)),
-            Err(e) if e.is_blocked() && self.reject_blocked_urls => Err(Rejection::BlockedImageUrl(e)),
-            Err(e) => Ok((Err(e.label()), report.probes)),
-        }
+        let report = self.intake.process(urls).await;
+        (report.images.map_err(Unread::Media), report.probes)
     }
 
     /// The chat rendered and tokenized, placeholders located (when the model has an accounting
@@ -447,11 +498,13 @@ impl Pipeline {
         let has_string_placeholder = counter.is_some_and(|c| c.prompt_placeholder(1).is_some());
         let opts = RenderOptions {
             image_placeholder: has_string_placeholder.then_some(&placeholder as &dyn Fn(usize) -> String),
+            max_prompt_bytes: Some(self.max_prompt_bytes),
         };
         match self.placeholder.as_deref() {
             Some(p) => plan::tokenize_chat(&self.model, req, p, &opts),
             None => {
                 let text = self.model.render_chat(req, &opts)?;
+                plan::check_prompt_bytes(text.len(), opts.max_prompt_bytes)?;
                 let ids = plan::encode_rendered(&self.model, req, &text)?;
                 Ok(ChatTokens { ids, placeholders: Vec::new(), text })
             }
@@ -559,6 +612,19 @@ impl Pipeline {
             trace.ids = ids.to_vec();
             trace.spans = spans.to_vec();
         }
+    }
+
+    /// Refuses a plan whose prompt (text and image tokens) is over `model.max_prompt_tokens`.
+    fn check_prompt_tokens(&self, plan: &RoutePlan) -> Result<(), Rejection> {
+        let (size, limit) = (plan.prompt_tokens, self.max_prompt_tokens);
+        if size <= limit {
+            return Ok(());
+        }
+        Err(Rejection::PromptTooLong(PlanError::PromptTooLong {
+            unit: "tokens",
+            size: size as usize,
+            limit: limit as usize,
+        }))
     }
 
     /// Block-hash seed: the model identity, the LoRA adapter the request names, and its cache_salt.

@@ -40,7 +40,8 @@ pub struct MediaConfig {
     pub allow_private: bool,
     /// Public addresses may be fetched; false: only `allow_cidrs` / `allow_hosts` (an allowlist).
     pub allow_public: bool,
-    /// Answer 400 for a blocked URL instead of falling back to text-prefix routing.
+    /// Answer 400 for a blocked URL (default) so no worker is ever asked to fetch it; false forwards it
+    /// by text-prefix routing, for operators who trust their workers' own guards.
     pub reject_blocked_urls: bool,
     /// Keep a client's own image-part `uuid` (vLLM then trusts that name across every tenant of the
     /// worker). Off: uuids are replaced by content hashes on the exact route, and a request whose uuid
@@ -71,7 +72,7 @@ impl Default for MediaConfig {
             allow_cidrs: Vec::new(),
             allow_private: false,
             allow_public: true,
-            reject_blocked_urls: false,
+            reject_blocked_urls: true,
             trust_client_uuids: false,
             url_cache_ttl_secs: 300,
             url_cache_entries: 4096,

@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use url::Url;
 
 use crate::media::budget::Budget;
-use crate::media::guard::{Guard, GuardedResolver, ResolvedToBlocked, Verdict};
+use crate::media::guard::{Guard, GuardedResolver, ResolvedToBlocked};
 use crate::media::probe::{probe_header, HEADER_PROBE_BYTES};
 use crate::media::{MediaConfig, MediaError};
 
@@ -58,9 +58,7 @@ impl Fetcher {
         let mut url = Url::parse(url).map_err(|e| MediaError::InvalidUrl(format!("{e}: {url}")))?;
         let mut hops = 0usize;
         loop {
-            if let Verdict::ResolveAndCheck { host, port } = self.guard.check_url(&url)? {
-                self.guard.check_resolved(&host, port).await?;
-            }
+            self.guard.check(&url).await?;
             let response = self
                 .client
                 .get(url.clone())

@@ -3,11 +3,14 @@
 //! Layers, each applied to the first URL and to every redirect target:
 //! 1. scheme `http`/`https` only;
 //! 2. host names that are internal by convention (`localhost`, cloud metadata, Kubernetes) refused;
-//! 3. IP-literal hosts refused unless inside `allow_cidrs` (this covers decimal/octal/hex spellings
-//!    such as `http://2130706433/`: the `url` crate normalises them to the address that reqwest will
-//!    connect to, and that is what is checked);
-//! 4. explicit non-default ports refused unless the host is exempt;
-//! 5. names resolved and refused if **any** address is in a blocked range;
+//! 3. every address, an IP literal's (this covers decimal/octal/hex spellings such as
+//!    `http://2130706433/`: the `url` crate normalises them to the address that reqwest will connect
+//!    to, and that is what is checked) or each address a name resolves to (step 5), is judged by one
+//!    rule, [`Guard::check_address`]: inside `allow_cidrs` → accepted on any port; in a blocked range
+//!    (or not public-and-allowed) → refused; otherwise accepted on the scheme's default port only;
+//! 4. explicit non-default ports are therefore refused unless the host is exempt or its addresses are
+//!    inside `allow_cidrs`;
+//! 5. names resolved and refused if **any** address fails step 3;
 //! 6. the HTTP client's own resolver ([`GuardedResolver`]) drops blocked addresses from every
 //!    resolution, so the address a connection uses is always one that was checked (no DNS-rebinding
 //!    window between step 5 and the connect).
@@ -155,7 +158,7 @@ pub(crate) enum Verdict {
     /// Exempt host, an allowed literal or a disabled guard: no further checks.
     Allowed,
     /// A host name whose resolved addresses must still be checked.
-    ResolveAndCheck { host: String, port: u16 },
+    ResolveAndCheck { host: String, port: u16, explicit_port: bool },
 }
 
 impl Guard {
@@ -230,6 +233,7 @@ impl Guard {
         if self.allow_hosts.iter().any(|a| a.host == key && a.port.is_none_or(|p| p == port)) {
             return Ok(Verdict::Allowed);
         }
+        let explicit_port = url.port().is_some();
         let ip = match host {
             Host::Ipv4(v4) => IpAddr::V4(v4),
             Host::Ipv6(v6) => IpAddr::V6(v6),
@@ -237,23 +241,46 @@ impl Guard {
                 if BLOCKED_NAMES.contains(&key.as_str()) || key.ends_with(".localhost") {
                     return Err(blocked(format!("host name '{key}' is internal")));
                 }
-                if url.port().is_some() {
-                    return Err(blocked(format!("non-default port {port}")));
-                }
-                return Ok(Verdict::ResolveAndCheck { host: key, port });
+                return Ok(Verdict::ResolveAndCheck { host: key, port, explicit_port });
             }
         };
-        if self.in_allowed_cidr(ip) {
-            return Ok(Verdict::Allowed);
-        }
-        Err(blocked(match self.blocked_range(ip) {
-            Some(why) => format!("address {ip} is {why}"),
-            None => format!("IP-literal host {ip} is not in media.allow_cidrs"),
-        }))
+        self.check_address(ip, explicit_port.then_some(port)).map_err(blocked)?;
+        Ok(Verdict::Allowed)
     }
 
-    /// Step 5: resolves `host` and refuses it if any address is blocked.
-    pub(crate) async fn check_resolved(&self, host: &str, port: u16) -> Result<(), MediaError> {
+    /// The one rule for an address, whether the URL names it literally or a name resolved to it, so
+    /// `allow_cidrs` and the port rule mean the same for both. `explicit_port`: a non-default port,
+    /// accepted only inside `allow_cidrs` (an internal service on a public address is still internal).
+    fn check_address(&self, ip: IpAddr, explicit_port: Option<u16>) -> Result<(), String> {
+        if self.in_allowed_cidr(ip) {
+            return Ok(());
+        }
+        if let Some(why) = self.blocked_range(ip) {
+            return Err(format!("address {ip} is {why}"));
+        }
+        if !self.allow_public {
+            return Err(format!("address {ip} is not in media.allow_cidrs"));
+        }
+        match explicit_port {
+            Some(port) => {
+                Err(format!("non-default port {port} on {ip} (only media.allow_cidrs addresses may use one)"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Steps 1–5 for one URL (the first or a redirect target).
+    pub(crate) async fn check(&self, url: &Url) -> Result<(), MediaError> {
+        match self.check_url(url)? {
+            Verdict::Allowed => Ok(()),
+            Verdict::ResolveAndCheck { host, port, explicit_port } => {
+                self.check_resolved(&host, port, explicit_port).await
+            }
+        }
+    }
+
+    /// Step 5: resolves `host` and refuses it if any address fails [`Guard::check_address`].
+    pub(crate) async fn check_resolved(&self, host: &str, port: u16, explicit_port: bool) -> Result<(), MediaError> {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
             .await
             .map_err(|e| MediaError::FetchFailed(format!("cannot resolve '{host}': {e}")))?
@@ -261,9 +288,10 @@ impl Guard {
         if addrs.is_empty() {
             return Err(MediaError::FetchFailed(format!("'{host}' has no addresses")));
         }
-        if let Some(bad) = addrs.iter().find(|a| !self.ip_allowed(a.ip())) {
-            let why = self.blocked_range(bad.ip()).unwrap_or("not in media.allow_cidrs");
-            return Err(MediaError::FetchBlocked(format!("'{host}' resolves to {} ({why})", bad.ip())));
+        for addr in &addrs {
+            if let Err(why) = self.check_address(addr.ip(), explicit_port.then_some(port)) {
+                return Err(MediaError::FetchBlocked(format!("'{host}' resolves to {}: {why}", addr.ip())));
+            }
         }
         Ok(())
     }
@@ -363,15 +391,18 @@ mod tests {
     }
 
     #[test]
-    fn public_addresses_pass_the_range_check_but_not_as_literals() {
+    fn public_literals_are_judged_as_a_name_resolving_to_them_would_be() {
         let g = guard(&[], &[]);
         for ip in ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8", "100.128.0.1"] {
             let addr: IpAddr = ip.parse().unwrap();
             assert!(g.ip_allowed(addr), "{ip}");
         }
-        // Raw-IP URLs are refused even when public, unless allowed.
-        assert!(check(&g, "http://8.8.8.8/").is_err());
-        assert!(check(&guard(&["8.8.8.0/24"], &[]), "http://8.8.8.8:8443/").is_ok());
+        // Public on the default port: accepted, as a public name is; a non-default port only inside
+        // allow_cidrs, as for a name.
+        assert_eq!(check(&g, "http://8.8.8.8/").unwrap(), Verdict::Allowed);
+        assert_eq!(check(&g, "http://[2606:4700::1111]/").unwrap(), Verdict::Allowed);
+        assert_eq!(check(&g, "http://8.8.8.8:8443/").unwrap_err().label(), "fetch_blocked");
+        assert_eq!(check(&guard(&["8.8.8.0/24"], &[]), "http://8.8.8.8:8443/").unwrap(), Verdict::Allowed);
     }
 
     #[test]
@@ -420,15 +451,20 @@ mod tests {
             "http://LOCALHOST./",
             "http://metadata.google.internal/computeMetadata/v1/",
             "http://app.localhost/",
-            "http://cdn.example.com:8080/",
             "ftp://cdn.example.com/",
+            "gopher://cdn.example.com/",
             "file:///etc/passwd",
         ] {
             assert_eq!(check(&g, url).unwrap_err().label(), "fetch_blocked", "{url}");
         }
         assert_eq!(
             check(&g, "https://CDN.example.com./x.png").unwrap(),
-            Verdict::ResolveAndCheck { host: "cdn.example.com".into(), port: 443 }
+            Verdict::ResolveAndCheck { host: "cdn.example.com".into(), port: 443, explicit_port: false }
+        );
+        // A name's port is judged with its addresses (step 5), as a literal's is.
+        assert_eq!(
+            check(&g, "http://cdn.example.com:8080/").unwrap(),
+            Verdict::ResolveAndCheck { host: "cdn.example.com".into(), port: 8080, explicit_port: true }
         );
         assert!(check(&g, "http://cdn.example.com:80/").is_ok());
     }
@@ -438,7 +474,11 @@ mod tests {
         let g = guard(&[], &["localhost", "media.internal:8080", "[::1]:9000"]);
         assert_eq!(check(&g, "http://localhost:1234/").unwrap(), Verdict::Allowed);
         assert_eq!(check(&g, "http://media.internal:8080/").unwrap(), Verdict::Allowed);
-        assert!(check(&g, "http://media.internal:8081/").is_err());
+        // Another port is not exempt: the name is judged by its addresses, like any other.
+        assert_eq!(
+            check(&g, "http://media.internal:8081/").unwrap(),
+            Verdict::ResolveAndCheck { host: "media.internal".into(), port: 8081, explicit_port: true }
+        );
         assert_eq!(check(&g, "http://[::1]:9000/").unwrap(), Verdict::Allowed);
         assert!(check(&g, "http://[::1]:9001/").is_err());
         assert!(g.name_exempt("LocalHost."));
@@ -474,7 +514,7 @@ mod tests {
         use reqwest::dns::Resolve;
         // `localhost` resolves to loopback on every machine (hosts file, no network).
         let g = Arc::new(guard(&[], &[]));
-        let err = g.check_resolved("localhost", 80).await.unwrap_err();
+        let err = g.check_resolved("localhost", 80, false).await.unwrap_err();
         assert_eq!(err.label(), "fetch_blocked");
         let resolver = GuardedResolver(Arc::clone(&g));
         match resolver.resolve("localhost".parse().unwrap()).await {
@@ -484,7 +524,11 @@ mod tests {
 
         // allow_cidrs opens both layers; an allow_hosts name is exempt in the resolver (the
         // URL-level check already matched its port, and skips step 5 for it).
-        Arc::new(guard(&["127.0.0.0/8", "::1/128"], &[])).check_resolved("localhost", 80).await.unwrap();
+        // ... on any port, as for the literal `http://127.0.0.1:8080/`.
+        let loopback = Arc::new(guard(&["127.0.0.0/8", "::1/128"], &[]));
+        loopback.check_resolved("localhost", 80, false).await.unwrap();
+        loopback.check_resolved("localhost", 8080, true).await.unwrap();
+        assert_eq!(check(&loopback, "http://127.0.0.1:8080/").unwrap(), Verdict::Allowed);
         for allowed in [guard(&["127.0.0.0/8", "::1/128"], &[]), guard(&[], &["localhost"])] {
             let g = Arc::new(allowed);
             let resolver = GuardedResolver(Arc::clone(&g));

@@ -38,6 +38,7 @@ pub struct Intake {
 
 struct Inner {
     cfg: MediaConfig,
+    guard: Arc<Guard>,
     fetcher: Fetcher,
     cache: UrlCache,
 }
@@ -47,9 +48,9 @@ impl Intake {
     pub fn new(cfg: MediaConfig) -> Result<Intake, String> {
         cfg.validate()?;
         let guard = Arc::new(Guard::new(&cfg)?);
-        let fetcher = Fetcher::new(&cfg, guard)?;
+        let fetcher = Fetcher::new(&cfg, Arc::clone(&guard))?;
         let cache = UrlCache::new(Duration::from_secs(cfg.url_cache_ttl_secs), cfg.url_cache_entries);
-        Ok(Intake { inner: Arc::new(Inner { cfg, fetcher, cache }) })
+        Ok(Intake { inner: Arc::new(Inner { cfg, guard, fetcher, cache }) })
     }
 
     /// The configuration in force.
@@ -61,6 +62,22 @@ impl Intake {
     /// falling back.
     pub fn reject_blocked_urls(&self) -> bool {
         self.inner.cfg.reject_blocked_urls
+    }
+
+    /// The SSRF guard's verdict on every URL without fetching any (scheme, address, port, and the
+    /// addresses each name resolves to): for requests the router forwards without reading all their
+    /// images, whose URLs the worker would otherwise fetch unchecked. `data:` URLs pass.
+    pub async fn screen(&self, urls: &[&str]) -> Result<(), MediaError> {
+        for url in urls {
+            match scheme(url).as_deref() {
+                Some("data") => continue,
+                Some("http" | "https") => {}
+                _ => return Err(not_fetchable(url)),
+            }
+            let parsed = url::Url::parse(url).map_err(|e| MediaError::InvalidUrl(format!("{e}: {url}")))?;
+            self.inner.guard.check(&parsed).await?;
+        }
+        Ok(())
     }
 
     /// Probes and hashes every image (by URL, in request order), concurrently, under
@@ -98,14 +115,10 @@ impl Intake {
 
     /// The image's source, and its info or failure; `Err` only for a URL that is not data/http(s).
     async fn one(&self, url: &str, budget: &Budget) -> Result<(Source, Result<ImageInfo, MediaError>), MediaError> {
-        let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
-        match scheme.as_deref() {
+        match scheme(url).as_deref() {
             Some("data") => Ok((Source::DataUrl, self.take_data_url(url, budget).await)),
             Some("http") | Some("https") => Ok((Source::Http, self.fetch_http(url, budget).await)),
-            _ => {
-                let shown: String = url.chars().take(64).collect();
-                Err(MediaError::InvalidUrl(format!("'{shown}' is not a data: or http(s): URL")))
-            }
+            _ => Err(not_fetchable(url)),
         }
     }
 
@@ -168,5 +181,20 @@ impl Intake {
         tokio::task::spawn_blocking(move || probe_bytes(&bytes, &inner.cfg))
             .await
             .map_err(|e| MediaError::ProbeFailed(format!("probe task failed: {e}")))?
+    }
+}
+
+/// A URL's scheme, lower-cased (`None` without a `:`).
+fn scheme(url: &str) -> Option<String> {
+    url.split_once(':').map(|(s, _)| s.to_ascii_lowercase())
+}
+
+/// Any scheme but `data:` and `http(s):` (`file:`, `gopher:`, `ftp:`, …) is a policy refusal, like a
+/// blocked address: a worker's own loader might open it. A string without a scheme is not a URL.
+fn not_fetchable(url: &str) -> MediaError {
+    let shown: String = url.chars().take(64).collect();
+    match scheme(url) {
+        Some(s) => MediaError::FetchBlocked(format!("scheme '{s}' is not data: or http(s): '{shown}'")),
+        None => MediaError::InvalidUrl(format!("'{shown}' is not a data: or http(s): URL")),
     }
 }

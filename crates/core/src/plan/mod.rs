@@ -26,6 +26,9 @@ pub enum PlanError {
     PlaceholderNotAToken(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// Over a per-request limit (`unit`: "bytes" of rendered text, or "tokens"): refused, not routed.
+    #[error("the prompt has {size} {unit}, above the limit of {limit} (model.max_prompt_{unit})")]
+    PromptTooLong { unit: &'static str, size: usize, limit: usize },
 }
 
 impl PlanError {
@@ -34,6 +37,7 @@ impl PlanError {
             PlanError::Prompt(e) => e.label(),
             PlanError::PlaceholderMismatch { .. } | PlanError::PlaceholderNotAToken(_) => "placeholder_mismatch",
             PlanError::InvalidRequest(_) => "invalid_request",
+            PlanError::PromptTooLong { .. } => "prompt_too_long",
         }
     }
 }
@@ -66,9 +70,18 @@ pub fn tokenize_chat(
     let placeholder_id =
         model.token_id(placeholder).ok_or_else(|| PlanError::PlaceholderNotAToken(placeholder.to_owned()))?;
     let text = model.render_chat(request, opts)?;
+    check_prompt_bytes(text.len(), opts.max_prompt_bytes)?;
     let ids = encode_rendered(model, request, &text)?;
     let placeholders = ids.iter().enumerate().filter_map(|(i, &id)| (id == placeholder_id).then_some(i)).collect();
     Ok(ChatTokens { ids, placeholders, text })
+}
+
+/// Refuses text above `limit` before it is tokenized (the expensive step, ~1 µs per token).
+pub fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<(), PlanError> {
+    match limit {
+        Some(limit) if size > limit => Err(PlanError::PromptTooLong { unit: "bytes", size, limit }),
+        _ => Ok(()),
+    }
 }
 
 /// The ids of a rendered chat: vLLM adds no special tokens unless the request asks
@@ -126,12 +139,20 @@ pub fn expand_text(
 /// Token ids of a `/v1/completions` request's `prompt`: a string, a list of token ids, or a
 /// one-element list of either. Batches (several prompts) are `invalid_request`. Strings get the
 /// tokenizer's special tokens, as vLLM's completions default `add_special_tokens=true` does.
-pub fn tokenize_completion(model: &PromptModel, request: &Request<'_>) -> Result<Vec<u32>, PlanError> {
+pub fn tokenize_completion(
+    model: &PromptModel,
+    request: &Request<'_>,
+    max_prompt_bytes: Option<usize>,
+) -> Result<Vec<u32>, PlanError> {
     let prompt = request.field("prompt").ok_or_else(|| PlanError::InvalidRequest("`prompt` is missing".into()))?;
+    let encode = |s: &str| {
+        check_prompt_bytes(s.len(), max_prompt_bytes)?;
+        Ok(model.encode_with(s, true)?)
+    };
     match prompt {
-        Json::String(s) => Ok(model.encode_with(s, true)?),
+        Json::String(s) => encode(s),
         Json::Array(items) => match items.as_slice() {
-            [Json::String(s)] => Ok(model.encode_with(s, true)?),
+            [Json::String(s)] => encode(s),
             [Json::Array(ids)] => token_ids(ids),
             [] => Err(PlanError::InvalidRequest("`prompt` is an empty list".into())),
             [Json::Number(_), ..] => token_ids(items),

@@ -87,6 +87,8 @@ impl TemplateInfo {
 pub struct RenderOptions<'a> {
     /// The placeholder vLLM puts in string-format content for the n-th image (1-based), if any.
     pub image_placeholder: Option<&'a dyn Fn(usize) -> String>,
+    /// The longest rendered prompt (bytes) the caller will tokenize; `None`: any.
+    pub max_prompt_bytes: Option<usize>,
 }
 
 impl fmt::Debug for PromptModel {

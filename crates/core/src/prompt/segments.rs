@@ -20,6 +20,9 @@ use tokenizers::Tokenizer;
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
 const MIN_CACHED_BYTES: usize = 48;
+/// Longer pieces are encoded directly too: they rarely repeat whole, and caching them would let a
+/// few huge prompts hold memory long after they were routed.
+const MAX_CACHED_BYTES: usize = 64 * 1024;
 /// Entries per generation; two generations are kept, so at most twice this many pieces.
 const GENERATION_ENTRIES: usize = 4096;
 
@@ -110,7 +113,7 @@ impl SegmentEncoder {
         if piece.is_empty() {
             return Ok(());
         }
-        if piece.len() < MIN_CACHED_BYTES {
+        if !(MIN_CACHED_BYTES..=MAX_CACHED_BYTES).contains(&piece.len()) {
             out.extend_from_slice(tokenizer.encode_fast(piece, false)?.get_ids());
             return Ok(());
         }

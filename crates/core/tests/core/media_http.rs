@@ -250,12 +250,30 @@ async fn per_request_limits() {
 }
 
 #[tokio::test]
-async fn non_fetchable_urls_are_invalid() {
+async fn other_schemes_are_blocked_and_non_urls_invalid() {
     let intake = Intake::new(cfg()).unwrap();
-    for url in ["ftp://example.com/a.png", "not a url", "file:///etc/passwd", "http://"] {
+    // A worker's loader might open another scheme: a policy refusal, like a blocked address.
+    for url in ["ftp://example.com/a.png", "file:///etc/passwd", "gopher://127.0.0.1:70/_x", "FILE:///x"] {
+        let err = one(&intake, url.to_string()).await.unwrap_err();
+        assert_eq!(err.label(), "fetch_blocked", "{url}: {err}");
+        assert_eq!(intake.screen(&[url]).await.unwrap_err().label(), "fetch_blocked", "{url}");
+    }
+    for url in ["not a url", "http://"] {
         let err = one(&intake, url.to_string()).await.unwrap_err();
         assert_eq!(err.label(), "invalid_url", "{url}: {err}");
     }
+}
+
+#[tokio::test]
+async fn screening_judges_every_url_without_fetching() {
+    let body = fixture("chelsea.png");
+    let server = TestServer::start(vec![("/chelsea.png", Reply::Body { body: body.clone(), honor_range: true })]).await;
+    let url = server.url("/chelsea.png");
+    let data = crate::media_common::data_url("image/png", &body);
+    Intake::new(cfg()).unwrap().screen(&[&data, &url]).await.unwrap(); // loopback allowed here
+    assert_eq!(server.stats.hits("/chelsea.png"), 0, "screening fetched the image");
+    let err = Intake::new(MediaConfig::default()).unwrap().screen(&[&data, &url]).await.unwrap_err();
+    assert_eq!(err.label(), "fetch_blocked", "{err}");
 }
 
 #[tokio::test]

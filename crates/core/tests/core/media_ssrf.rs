@@ -134,7 +134,8 @@ fn invalid_exceptions_are_config_errors_naming_the_key() {
 
 #[test]
 fn reject_blocked_urls_is_exposed() {
-    let intake = Intake::new(MediaConfig { reject_blocked_urls: true, ..MediaConfig::default() }).unwrap();
-    assert!(intake.reject_blocked_urls());
-    assert!(!Intake::new(MediaConfig::default()).unwrap().reject_blocked_urls());
+    // On by default: a blocked URL is refused, not forwarded for the worker to fetch.
+    assert!(Intake::new(MediaConfig::default()).unwrap().reject_blocked_urls());
+    let intake = Intake::new(MediaConfig { reject_blocked_urls: false, ..MediaConfig::default() }).unwrap();
+    assert!(!intake.reject_blocked_urls());
 }

@@ -17,7 +17,7 @@ fn tokenize_chat(model: &PromptModel, request: &serde_json::Value, placeholder: 
 
 fn tokenize_completion(model: &PromptModel, request: &serde_json::Value) -> Result<Vec<u32>, PlanError> {
     let body = serde_json::to_vec(request).unwrap();
-    plan::tokenize_completion(model, &Request::parse(Endpoint::Completion, &body).unwrap())
+    plan::tokenize_completion(model, &Request::parse(Endpoint::Completion, &body).unwrap(), None)
 }
 
 const PAD: &str = "<|image_pad|>";
