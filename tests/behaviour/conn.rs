@@ -83,6 +83,7 @@ async fn slow_request_body_gets_408_and_the_connection_closes() {
     let p = page(&c);
     assert_eq!(metric(&p, "mmrouter_client_timeouts_total", "kind=\"body\""), 1.0);
     assert_eq!(metric(&p, "mmrouter_requests_total", "route=\"rejected\",status=\"408\""), 1.0);
+    assert_eq!(metric(&p, "mmrouter_rejected_total", "reason=\"body_read_timeout\""), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,6 +152,7 @@ async fn inflight_cap_sheds_with_503_while_health_and_metrics_answer() {
     assert_eq!(health.status(), 200);
     let metrics = metrics_text(&c.url).await;
     assert_eq!(metric(&metrics, "mmrouter_shed_total", "reason=\"inflight\""), 1.0);
+    assert_eq!(metric(&metrics, "mmrouter_rejected_total", "reason=\"overloaded\""), 1.0);
 }
 
 /// A proxy served through the library's serve-with-shutdown future; returns its URL, the trigger and
