@@ -84,11 +84,15 @@ fn main() -> ExitCode {
             eprintln!("wrote {n} requests");
             0
         }),
-        cmd => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run(cmd)).map(|()| 0)),
+        cmd => tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
+            |rt| {
+                let result = rt.block_on(run(cmd)).map(|()| 0);
+                // The drain deadline has passed: work still on the blocking pool (a big prompt's
+                // planning) must not hold the exit.
+                rt.shutdown_timeout(std::time::Duration::from_secs(1));
+                result
+            },
+        ),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),
