@@ -84,15 +84,7 @@ fn main() -> ExitCode {
             eprintln!("wrote {n} requests");
             0
         }),
-        cmd => tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
-            |rt| {
-                let result = rt.block_on(run(cmd)).map(|()| 0);
-                // The drain deadline has passed: work still on the blocking pool (a big prompt's
-                // planning) must not hold the exit.
-                rt.shutdown_timeout(std::time::Duration::from_secs(1));
-                result
-            },
-        ),
+        cmd => run_on_runtime(cmd).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),
@@ -101,6 +93,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs an async subcommand on a multi-threaded runtime.
+fn run_on_runtime(cmd: Cmd) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = rt.block_on(run(cmd));
+    // Serving has drained by now: work left on the blocking pool (a big prompt's planning) must not
+    // hold the exit past the drain deadline.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
