@@ -34,6 +34,8 @@ pub struct ConfigFile {
     pub routing: RoutingConfig,
     #[serde(default)]
     pub media: MediaConfig,
+    #[serde(default)]
+    pub auth: AuthSection,
 }
 
 /// `[server]`.
@@ -52,6 +54,28 @@ pub struct ServerSection {
     pub total_timeout_ms: u64,
     /// How often each worker's `/health` is polled; 0 disables active checks.
     pub health_interval_ms: u64,
+    /// A client must finish sending a request head within this (HTTP/1); it also bounds how long an
+    /// idle keep-alive connection waits for its next request, as hyper runs one timer for both.
+    pub header_read_timeout_ms: u64,
+    /// A client must finish sending a request body within this, or gets a 408 and the connection closes.
+    pub body_read_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and HTTP/2).
+    pub idle_timeout_ms: u64,
+    /// Open client connections at most; beyond, a new connection gets a 503 and is closed. 0: no cap.
+    pub max_connections: usize,
+    /// Requests in flight at most (`/health` and `/metrics` excluded); beyond, a fast 503. 0: no cap.
+    pub max_inflight_requests: usize,
+    /// The `retry-after` (seconds) sent with a shed request.
+    pub shed_retry_after_secs: u64,
+    /// After SIGTERM/Ctrl-C, `/health` says draining and new connections are still accepted this long
+    /// (for a load balancer to notice) before the listener closes.
+    pub drain_delay_ms: u64,
+    /// Then in-flight requests get at most this long to finish before their connections are closed.
+    pub drain_timeout_ms: u64,
+    /// `text` or `json`: the log line format (`serve` only).
+    pub log_format: String,
+    /// One log line per request (request id, method, path, status, worker, timings).
+    pub access_log: bool,
 }
 
 impl Default for ServerSection {
@@ -63,6 +87,52 @@ impl Default for ServerSection {
             first_byte_timeout_ms: 120_000,
             total_timeout_ms: 1_800_000,
             health_interval_ms: 2_000,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 60_000,
+            idle_timeout_ms: 30_000,
+            max_connections: 4096,
+            max_inflight_requests: 1024,
+            shed_retry_after_secs: 1,
+            drain_delay_ms: 0,
+            drain_timeout_ms: 30_000,
+            log_format: "text".into(),
+            access_log: true,
+        }
+    }
+}
+
+/// `[auth]`: off unless a key list is given. Keys come from the file itself, an environment variable
+/// (comma-separated) or a key file (one per line, `#` comments); all sources add up, for rotation.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// Client keys for `/v1/*` (`Authorization: Bearer <key>`).
+    pub api_keys: Vec<String>,
+    pub api_keys_env: Option<String>,
+    pub api_keys_file: Option<String>,
+    /// Admin keys for `/metrics` and `/debug/*`.
+    pub admin_keys: Vec<String>,
+    pub admin_keys_env: Option<String>,
+    pub admin_keys_file: Option<String>,
+    /// What workers receive as `Authorization`: `forward` (as received), `strip`, or `replace` (with
+    /// `upstream_key`).
+    pub upstream_authorization: String,
+    pub upstream_key: Option<String>,
+    pub upstream_key_env: Option<String>,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            api_keys: Vec::new(),
+            api_keys_env: None,
+            api_keys_file: None,
+            admin_keys: Vec::new(),
+            admin_keys_env: None,
+            admin_keys_file: None,
+            upstream_authorization: "forward".into(),
+            upstream_key: None,
+            upstream_key_env: None,
         }
     }
 }
@@ -172,6 +242,7 @@ pub struct Settings {
     pub pipeline: PipelineConfig,
     pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
+    pub auth: AuthSettings,
 }
 
 /// `[server]`, typed.
@@ -184,6 +255,50 @@ pub struct ServerSettings {
     pub total_timeout: Duration,
     /// `None`: no active health checks.
     pub health_interval: Option<Duration>,
+    /// The client side: timeouts, caps, drain, logs.
+    pub conn: ConnSettings,
+}
+
+/// `[server]`'s client-side keys, typed (see [`ServerSection`] for each one's meaning).
+#[derive(Clone, Debug)]
+pub struct ConnSettings {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// `None`: no cap.
+    pub max_connections: Option<usize>,
+    /// `None`: no cap.
+    pub max_inflight_requests: Option<usize>,
+    pub shed_retry_after_secs: u64,
+    pub drain_delay: Duration,
+    pub drain_timeout: Duration,
+    pub log_json: bool,
+    pub access_log: bool,
+}
+
+impl Default for ConnSettings {
+    fn default() -> Self {
+        conn_settings(&ServerSection::default()).expect("defaults are valid")
+    }
+}
+
+/// `[auth]`, typed. Empty key lists: that check is off.
+#[derive(Clone, Debug, Default)]
+pub struct AuthSettings {
+    pub api_keys: Vec<String>,
+    pub admin_keys: Vec<String>,
+    pub upstream: UpstreamAuth,
+}
+
+/// What happens to the client's `Authorization` header on its way to a worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum UpstreamAuth {
+    /// Sent as received (the default, and today's behaviour).
+    #[default]
+    Forward,
+    Strip,
+    /// Replaced by `Bearer <key>`.
+    Replace(String),
 }
 
 impl Default for ServerSettings {
@@ -196,6 +311,7 @@ impl Default for ServerSettings {
             first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
             total_timeout: Duration::from_millis(s.total_timeout_ms),
             health_interval: Some(Duration::from_millis(s.health_interval_ms)),
+            conn: ConnSettings::default(),
         }
     }
 }
@@ -208,6 +324,7 @@ impl Settings {
             pipeline: PipelineConfig { model, media: MediaConfig::default() },
             workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
+            auth: AuthSettings::default(),
         }
     }
 
@@ -237,7 +354,14 @@ impl Settings {
         let workers = worker_specs(&file.workers)?;
         file.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Settings { server, pipeline: PipelineConfig { model, media: file.media }, workers, routing: file.routing })
+        let auth = auth_settings(&file.auth)?;
+        Ok(Settings {
+            server,
+            pipeline: PipelineConfig { model, media: file.media },
+            workers,
+            routing: file.routing,
+            auth,
+        })
     }
 }
 
@@ -268,7 +392,101 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
         total_timeout: Duration::from_millis(s.total_timeout_ms),
         health_interval: (s.health_interval_ms > 0).then(|| Duration::from_millis(s.health_interval_ms)),
+        conn: conn_settings(s)?,
     })
+}
+
+fn conn_settings(s: &ServerSection) -> anyhow::Result<ConnSettings> {
+    for (key, v) in [
+        ("server.header_read_timeout_ms", s.header_read_timeout_ms),
+        ("server.body_read_timeout_ms", s.body_read_timeout_ms),
+        ("server.idle_timeout_ms", s.idle_timeout_ms),
+        ("server.drain_timeout_ms", s.drain_timeout_ms),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{key} must be > 0");
+        }
+    }
+    let log_json = match s.log_format.as_str() {
+        "text" => false,
+        "json" => true,
+        other => anyhow::bail!("server.log_format: '{other}' is not text or json"),
+    };
+    let ms = Duration::from_millis;
+    Ok(ConnSettings {
+        header_read_timeout: ms(s.header_read_timeout_ms),
+        body_read_timeout: ms(s.body_read_timeout_ms),
+        idle_timeout: ms(s.idle_timeout_ms),
+        max_connections: (s.max_connections > 0).then_some(s.max_connections),
+        max_inflight_requests: (s.max_inflight_requests > 0).then_some(s.max_inflight_requests),
+        shed_retry_after_secs: s.shed_retry_after_secs,
+        drain_delay: ms(s.drain_delay_ms),
+        drain_timeout: ms(s.drain_timeout_ms),
+        log_json,
+        access_log: s.access_log,
+    })
+}
+
+fn auth_settings(a: &AuthSection) -> anyhow::Result<AuthSettings> {
+    let api_keys = keys("auth.api_keys", &a.api_keys, a.api_keys_env.as_deref(), a.api_keys_file.as_deref())?;
+    let admin_keys = keys("auth.admin_keys", &a.admin_keys, a.admin_keys_env.as_deref(), a.admin_keys_file.as_deref())?;
+    let upstream_key = match (&a.upstream_key, &a.upstream_key_env) {
+        (Some(_), Some(_)) => anyhow::bail!("auth.upstream_key and auth.upstream_key_env: set one, not both"),
+        (Some(k), None) => Some(checked_key("auth.upstream_key", k)?),
+        (None, Some(var)) => Some(checked_key("auth.upstream_key_env", &env_var("auth.upstream_key_env", var)?)?),
+        (None, None) => None,
+    };
+    let upstream = match (a.upstream_authorization.as_str(), upstream_key) {
+        ("forward", None) => UpstreamAuth::Forward,
+        ("strip", None) => UpstreamAuth::Strip,
+        ("replace", Some(k)) => UpstreamAuth::Replace(k),
+        ("replace", None) => anyhow::bail!("auth.upstream_authorization = \"replace\" needs auth.upstream_key(_env)"),
+        ("forward" | "strip", Some(_)) => {
+            anyhow::bail!("auth.upstream_key is only used with auth.upstream_authorization = \"replace\"")
+        }
+        (other, _) => anyhow::bail!("auth.upstream_authorization: '{other}' is not forward, strip or replace"),
+    };
+    Ok(AuthSettings { api_keys, admin_keys, upstream })
+}
+
+/// One key list from its three sources; `key` names the list in errors.
+fn keys(key: &str, listed: &[String], env: Option<&str>, file: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for k in listed {
+        out.push(checked_key(key, k)?);
+    }
+    if let Some(var) = env {
+        let value = env_var(&format!("{key}_env"), var)?;
+        for k in value.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            out.push(checked_key(&format!("{key}_env ({var})"), k)?);
+        }
+    }
+    if let Some(path) = file {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{key}_file: cannot read '{path}': {e}"))?;
+        let lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+        for k in lines {
+            out.push(checked_key(&format!("{key}_file ({path})"), k)?);
+        }
+    }
+    if (env.is_some() || file.is_some()) && out.is_empty() {
+        // A configured source that yields nothing would silently turn authentication off.
+        anyhow::bail!("{key}: the configured key sources hold no key");
+    }
+    Ok(out)
+}
+
+fn env_var(key: &str, var: &str) -> anyhow::Result<String> {
+    std::env::var(var).map_err(|_| anyhow::anyhow!("{key}: environment variable {var} is not set"))
+}
+
+/// A key must be usable in an `Authorization: Bearer` header.
+fn checked_key(key: &str, k: &str) -> anyhow::Result<String> {
+    let printable = k.bytes().all(|b| b.is_ascii_graphic());
+    if k.is_empty() || !printable || axum::http::HeaderValue::from_str(k).is_err() {
+        anyhow::bail!("{key}: a key must be non-empty printable ASCII without spaces");
+    }
+    Ok(k.to_owned())
 }
 
 fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {

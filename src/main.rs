@@ -71,11 +71,11 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    // `serve` picks its log format from its config file, once read.
+    if !matches!(cli.cmd, Cmd::Serve { .. }) {
+        mmrouter::logging::init(false);
+    }
     let result = match cli.cmd {
         Cmd::Count { model_dir, family, sizes, files, json } => {
             mmrouter::count::run_count(&model_dir, family.as_deref(), &sizes, &files, json)
@@ -84,11 +84,7 @@ fn main() -> ExitCode {
             eprintln!("wrote {n} requests");
             0
         }),
-        cmd => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run(cmd)).map(|()| 0)),
+        cmd => run_on_runtime(cmd).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),
@@ -99,10 +95,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs an async subcommand on a multi-threaded runtime.
+fn run_on_runtime(cmd: Cmd) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = rt.block_on(run(cmd));
+    // Serving has drained by now: work left on the blocking pool (a big prompt's planning) must not
+    // hold the exit past the drain deadline.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Serve { config, listen } => {
             let mut cfg = mmrouter::config::Settings::load(&config)?;
+            mmrouter::logging::init(cfg.server.conn.log_json);
             if let Some(l) = listen {
                 cfg.server.listen =
                     l.parse().map_err(|_| anyhow::anyhow!("--listen: '{l}' is not an address like 127.0.0.1:8080"))?;
@@ -125,18 +132,23 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or Ctrl-C. The handlers are installed here, at the call, not when the future is
+/// first polled: a SIGTERM that arrives while the server is still starting must not kill the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
-        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} },
+                _ => tokio::signal::ctrl_c().await.unwrap_or(()),
+            }
+        }
     }
     #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -54,6 +54,17 @@ pub const KV_EVENT_CONNECTED: &str = "mmrouter_kv_event_connected";
 /// Histogram `{worker}`: now minus the batch's engine timestamp, seconds.
 pub const KV_EVENT_LAG_SECONDS: &str = "mmrouter_kv_event_lag_seconds";
 
+/// Gauge: client connections open.
+pub const CONNECTIONS_OPEN: &str = "mmrouter_connections_open";
+/// Gauge: client requests in flight (what `server.max_inflight_requests` caps).
+pub const INFLIGHT_REQUESTS: &str = "mmrouter_inflight_requests";
+/// Counter `{reason}`: connections or requests refused with a 503 (`connections`, `inflight`).
+pub const SHED_TOTAL: &str = "mmrouter_shed_total";
+/// Counter `{kind}`: client connections cut by a timeout (`header`, `body`, `idle`, `drain`).
+pub const CLIENT_TIMEOUTS_TOTAL: &str = "mmrouter_client_timeouts_total";
+/// Counter `{scope}`: requests refused for a missing or wrong key (`client`, `admin`).
+pub const AUTH_FAILURES_TOTAL: &str = "mmrouter_auth_failures_total";
+
 /// `stage` label values of [`STAGE_DURATION_SECONDS`], in pipeline order.
 pub mod stage {
     pub const INTAKE: &str = "intake";
@@ -109,6 +120,9 @@ pub struct Observer {
     worker_counters: Cache<(&'static str, String, &'static str), Counter>,
     event_lag: Cache<String, Histogram>,
     index_by_source: Cache<&'static str, Gauge>,
+    front_counters: Cache<(&'static str, &'static str), Counter>,
+    connections_open: Gauge,
+    inflight_requests: Gauge,
     image_tokens: Histogram,
     images: Histogram,
     drift: Histogram,
@@ -132,6 +146,9 @@ impl Observer {
             images: recorder.register_histogram(&plain(IMAGES_PER_REQUEST), &METADATA),
             drift: recorder.register_histogram(&plain(PROMPT_TOKENS_DRIFT), &METADATA),
             index_blocks: recorder.register_gauge(&plain(INDEX_BLOCKS), &METADATA),
+            connections_open: recorder.register_gauge(&plain(CONNECTIONS_OPEN), &METADATA),
+            inflight_requests: recorder.register_gauge(&plain(INFLIGHT_REQUESTS), &METADATA),
+            front_counters: Cache::new(),
             recorder,
             requests: Cache::new(),
             rejected: Cache::new(),
@@ -227,6 +244,36 @@ impl Observer {
             .get(status, |s| self.counter(REQUESTS_TOTAL, &[("route", "rejected"), ("status", &s.to_string())]));
         c.increment(1);
         self.rejected_reasons.get(reason, |r| self.counter(REJECTED_TOTAL, &[("reason", r)])).increment(1);
+    }
+
+    /// The gauge of open client connections (the accept loop moves it).
+    pub fn connections_open(&self) -> Gauge {
+        self.connections_open.clone()
+    }
+
+    /// The gauge of client requests in flight (the shedding layer moves it).
+    pub fn inflight_requests(&self) -> Gauge {
+        self.inflight_requests.clone()
+    }
+
+    /// A connection or request refused for load (`connections`, `inflight`).
+    pub fn shed(&self, reason: &'static str) {
+        self.front_count(SHED_TOTAL, "reason", reason);
+    }
+
+    /// A client connection cut by a timeout (`header`, `body`, `idle`, `drain`).
+    pub fn client_timeout(&self, kind: &'static str) {
+        self.front_count(CLIENT_TIMEOUTS_TOTAL, "kind", kind);
+    }
+
+    /// A request refused for its key (`client`, `admin`).
+    pub fn auth_failed(&self, scope: &'static str) {
+        self.front_count(AUTH_FAILURES_TOTAL, "scope", scope);
+    }
+
+    fn front_count(&self, name: &'static str, label: &'static str, value: &'static str) {
+        let c = self.front_counters.get((name, value), |(n, v)| self.counter(n, &[(label, v)]));
+        c.increment(1);
     }
 
     /// The handle the relay records drift into when a response's `usage` arrives.
@@ -377,6 +424,11 @@ fn describe(r: &PrometheusRecorder) {
     );
     gauge(KV_EVENT_CONNECTED, "1 while every rank of a worker's KV-event subscription is connected.");
     histogram(KV_EVENT_LAG_SECONDS, Some(Unit::Seconds), "Receive time minus the engine's batch timestamp.");
+    gauge(CONNECTIONS_OPEN, "Client connections open.");
+    gauge(INFLIGHT_REQUESTS, "Client requests in flight (server.max_inflight_requests caps them).");
+    counter(SHED_TOTAL, "Connections or requests refused with a 503 for load, by reason: connections, inflight.");
+    counter(CLIENT_TIMEOUTS_TOTAL, "Client connections cut by a timeout, by kind: header, body, idle, drain.");
+    counter(AUTH_FAILURES_TOTAL, "Requests refused for a missing or wrong key, by scope: client, admin.");
 }
 
 #[cfg(test)]

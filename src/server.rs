@@ -1,7 +1,9 @@
 //! The HTTP front: the routes, and starting/stopping the proxy around an [`AppState`].
 //!
 //! The request's path lives in [`crate::proxy`]; this module only wires endpoints to it and serves
-//! the operational ones (`/health`, `/metrics`).
+//! the operational ones (`/health`, `/metrics`). The routes sit behind the front door
+//! ([`crate::front`]: request ids, auth, admission) and are served by [`crate::conn`] (timeouts,
+//! connection cap, drain).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,11 +12,13 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
+use axum::Extension;
 use mmrouter_core::request::Endpoint;
 
 use crate::config::Settings;
+use crate::front::Front;
 pub use crate::state::AppState;
-use crate::{health, proxy};
+use crate::{conn, front, health, proxy};
 
 pub fn app(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
@@ -27,17 +31,33 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .with_state(state)
 }
 
+/// [`app`] behind the front door of `front`.
+pub fn front_app(front: &Arc<Front>) -> axum::Router {
+    front::layer(app(front.state.clone()), front).layer(Extension(front.clone()))
+}
+
 /// Starts health checks and serves until `shutdown` resolves.
 pub async fn serve(
     cfg: Settings,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AppState::new(&cfg)?;
-    state.start_feeds(&cfg);
-    health::spawn_checks(&state, cfg.server.health_interval);
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
+    serve_state(&cfg, AppState::new(&cfg)?, listener, shutdown).await;
     Ok(())
+}
+
+/// Like [`serve`], around a prepared state. Returns once drained (at most `server.drain_delay_ms` +
+/// `server.drain_timeout_ms` after `shutdown` resolves).
+pub async fn serve_state(
+    cfg: &Settings,
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    state.start_feeds(cfg);
+    health::spawn_checks(&state, cfg.server.health_interval);
+    let front = Front::new(state, cfg.server.conn.clone(), &cfg.auth);
+    conn::serve(listener, front_app(&front), front, shutdown).await;
 }
 
 /// Starts a proxy on an already-bound listener in the background (tests, embedding); returns its
@@ -54,14 +74,8 @@ pub async fn spawn_state(
     listener: tokio::net::TcpListener,
 ) -> anyhow::Result<(SocketAddr, Arc<AppState>)> {
     let addr = listener.local_addr()?;
-    state.start_feeds(cfg);
-    health::spawn_checks(&state, cfg.server.health_interval);
-    let app = app(state.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("proxy stopped: {e}");
-        }
-    });
+    let (cfg, st) = (cfg.clone(), state.clone());
+    tokio::spawn(async move { serve_state(&cfg, st, listener, std::future::pending()).await });
     Ok((addr, state))
 }
 
@@ -73,12 +87,20 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     proxy::inference(st, Endpoint::Completion, req).await
 }
 
-async fn health_page(State(st): State<Arc<AppState>>) -> Response {
+/// 200 `ok` while a worker is healthy; 503 `unavailable` without one, and 503 `draining` once shutdown
+/// has started (so a load balancer stops sending first).
+async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let draining = req.extensions().get::<Arc<Front>>().is_some_and(|f| f.is_draining());
     let workers = st.router.workers();
     let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
-    let status = if healthy.is_empty() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let label = match (draining, healthy.is_empty()) {
+        (true, _) => "draining",
+        (false, true) => "unavailable",
+        (false, false) => "ok",
+    };
+    let status = if label == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = serde_json::json!({
-        "status": if healthy.is_empty() { "unavailable" } else { "ok" },
+        "status": label,
         "healthy_workers": healthy,
         "workers": workers.len(),
     });

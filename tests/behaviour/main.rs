@@ -4,6 +4,7 @@
 
 mod accounting_cli;
 mod cli;
+mod conn;
 mod count_cli;
 mod gate;
 mod harness;

@@ -1,0 +1,99 @@
+//! Request ids and the access log.
+//!
+//! Each request carries an `x-request-id`: the client's (if it is 1–128 printable ASCII characters)
+//! or a new random one. It is set on the request before the handler, so the forward path passes it to
+//! the worker with the other headers, and returned on the response. Other tracing headers (W3C
+//! `traceparent`, `tracestate`) are not touched: the forward path passes them through as received.
+//!
+//! One log line per request (target `mmrouter::access`), written when the response has been sent or
+//! abandoned: request id, method, path, status, route and worker (from the proxy's `x-mmrouter-*`
+//! response headers, when it chose one), time to the response head and in total.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::bodies::Guarded;
+use crate::front::Front;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next: Next) -> Response {
+    let id = client_id(req.headers()).unwrap_or_else(new_id);
+    req.headers_mut().insert(REQUEST_ID, id.clone());
+    let line = front.conn.access_log.then(|| Line {
+        start: Instant::now(),
+        method: req.method().clone(),
+        path: req.uri().path().to_owned(),
+        id: id.clone(),
+        status: 0,
+        route: None,
+        worker: None,
+        head_ms: 0.0,
+    });
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(REQUEST_ID, id);
+    match line {
+        Some(mut line) => {
+            line.status = resp.status().as_u16();
+            line.route = header(resp.headers(), "x-mmrouter-route");
+            line.worker = header(resp.headers(), "x-mmrouter-worker");
+            line.head_ms = ms(line.start);
+            Guarded::wrap(resp, line)
+        }
+        None => resp,
+    }
+}
+
+/// The client's id, if it is a reasonable one (ids end up in logs and worker headers).
+fn client_id(headers: &HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get(REQUEST_ID)?;
+    let ok = (1..=128).contains(&v.len()) && v.as_bytes().iter().all(u8::is_ascii_graphic);
+    ok.then(|| v.clone())
+}
+
+/// 128 random bits, hex.
+fn new_id() -> HeaderValue {
+    HeaderValue::from_str(&format!("{:032x}", rand::random::<u128>())).expect("hex is a valid header value")
+}
+
+fn header(h: &HeaderMap, name: &str) -> Option<String> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+fn ms(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// One request's log line, written when dropped with the response body.
+struct Line {
+    start: Instant,
+    method: Method,
+    path: String,
+    id: HeaderValue,
+    status: u16,
+    route: Option<String>,
+    worker: Option<String>,
+    head_ms: f64,
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        tracing::info!(
+            target: "mmrouter::access",
+            request_id = %self.id.to_str().unwrap_or(""),
+            method = %self.method,
+            path = %self.path,
+            status = self.status,
+            route = %self.route.as_deref().unwrap_or("-"),
+            worker = %self.worker.as_deref().unwrap_or("-"),
+            head_ms = self.head_ms,
+            duration_ms = ms(self.start),
+            "request"
+        );
+    }
+}
