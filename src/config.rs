@@ -20,6 +20,8 @@ use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{Engine, RoutingConfig, WorkerSpec};
 use serde::Deserialize;
 
+use crate::retry::RetryConfig;
+
 /// The file as written.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +36,8 @@ pub struct ConfigFile {
     pub routing: RoutingConfig,
     #[serde(default)]
     pub media: MediaConfig,
+    #[serde(default)]
+    pub retries: RetryConfig,
 }
 
 /// `[server]`.
@@ -50,6 +54,9 @@ pub struct ServerSection {
     pub first_byte_timeout_ms: u64,
     /// From dispatch to the end of the response body, streams included.
     pub total_timeout_ms: u64,
+    /// Longest silence between two chunks of a worker's response body before it is cut (a model may
+    /// pause between tokens: be generous).
+    pub upstream_idle_timeout_ms: u64,
     /// How often each worker's `/health` is polled; 0 disables active checks.
     pub health_interval_ms: u64,
 }
@@ -62,6 +69,7 @@ impl Default for ServerSection {
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 120_000,
             total_timeout_ms: 1_800_000,
+            upstream_idle_timeout_ms: 120_000,
             health_interval_ms: 2_000,
         }
     }
@@ -166,6 +174,7 @@ pub struct Settings {
     pub pipeline: PipelineConfig,
     pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
+    pub retries: RetryConfig,
 }
 
 /// `[server]`, typed.
@@ -176,6 +185,7 @@ pub struct ServerSettings {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub total_timeout: Duration,
+    pub upstream_idle_timeout: Duration,
     /// `None`: no active health checks.
     pub health_interval: Option<Duration>,
 }
@@ -189,6 +199,7 @@ impl Default for ServerSettings {
             connect_timeout: Duration::from_millis(s.connect_timeout_ms),
             first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
             total_timeout: Duration::from_millis(s.total_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
             health_interval: Some(Duration::from_millis(s.health_interval_ms)),
         }
     }
@@ -202,6 +213,7 @@ impl Settings {
             pipeline: PipelineConfig { model, media: MediaConfig::default() },
             workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
+            retries: RetryConfig::default(),
         }
     }
 
@@ -231,7 +243,14 @@ impl Settings {
         let workers = worker_specs(&file.workers)?;
         file.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Settings { server, pipeline: PipelineConfig { model, media: file.media }, workers, routing: file.routing })
+        file.retries.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Settings {
+            server,
+            pipeline: PipelineConfig { model, media: file.media },
+            workers,
+            routing: file.routing,
+            retries: file.retries,
+        })
     }
 }
 
@@ -247,6 +266,7 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         ("server.connect_timeout_ms", s.connect_timeout_ms),
         ("server.first_byte_timeout_ms", s.first_byte_timeout_ms),
         ("server.total_timeout_ms", s.total_timeout_ms),
+        ("server.upstream_idle_timeout_ms", s.upstream_idle_timeout_ms),
     ] {
         if v == 0 {
             anyhow::bail!("{key} must be > 0");
@@ -261,6 +281,7 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         connect_timeout: Duration::from_millis(s.connect_timeout_ms),
         first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
         total_timeout: Duration::from_millis(s.total_timeout_ms),
+        upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
         health_interval: (s.health_interval_ms > 0).then(|| Duration::from_millis(s.health_interval_ms)),
     })
 }
@@ -382,6 +403,13 @@ mod tests {
             ("[server]\nlisten = \"nope\"\n", "server.listen"),
             ("[server]\nmax_body_bytes = 0\n", "server.max_body_bytes"),
             ("[server]\nconnect_timeout_ms = 0\n", "server.connect_timeout_ms"),
+            ("[server]\nupstream_idle_timeout_ms = 0\n", "server.upstream_idle_timeout_ms"),
+            ("[retries]\nmax_attempts = 0\n", "retries.max_attempts"),
+            ("[retries]\nbudget_ratio = -0.5\n", "retries.budget_ratio"),
+            ("[retries]\nbogus = 1\n", "bogus"),
+            ("[routing.ejection]\nfailure_rate = 2.0\n", "routing.ejection.failure_rate"),
+            ("[routing.ejection]\nfailure_window = 0\n", "routing.ejection.failure_window"),
+            ("[routing.ejection]\nbase_ejection_ms = 10\nmax_ejection_ms = 5\n", "routing.ejection.max_ejection_ms"),
             ("[model]\nblock_size = 0\n", "model.block_size"),
             ("[model]\nfamily = \"nonsense\"\n", "model.family"),
             ("[model]\ndir = \"/nonexistent/model\"\n", "model.dir"),

@@ -3,7 +3,7 @@
 //!
 //! This crate is the HTTP layer over `mmrouter-core` (the pipeline: parse, intake, account, plan,
 //! select): [`server`] (routes, state), [`proxy`] (the request's path), [`upstream`] (forward and
-//! relay), [`observe`] (every metric), [`health`], [`config`] (file → validated settings),
+//! relay), [`retry`] (retry policy and budget), [`observe`] (every metric), [`health`], [`config`] (file → validated settings),
 //! [`error`] (OpenAI-shaped errors), and the `demo`, `count` and `render` subcommands.
 
 pub mod config;
@@ -15,6 +15,7 @@ pub mod health;
 pub mod observe;
 pub mod proxy;
 pub mod render;
+pub mod retry;
 pub mod server;
 pub mod state;
 pub mod upstream;

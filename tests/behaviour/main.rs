@@ -5,6 +5,7 @@
 mod accounting_cli;
 mod cli;
 mod count_cli;
+mod faults;
 mod gate;
 mod harness;
 mod kv_events;

@@ -19,17 +19,20 @@ pub mod index;
 mod kv;
 mod least_loaded;
 pub mod load;
+pub mod outlier;
 mod policy;
 mod round_robin;
 pub mod worker;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
-pub use worker::{Engine, LoadGuard, Worker, WorkerSpec};
+pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
+pub use worker::{Admission, Engine, LoadGuard, Worker, WorkerSpec};
 
 use policy::{Candidates, Policy};
 
@@ -66,6 +69,8 @@ pub struct RoutingConfig {
     /// Seconds a dispatch to a worker that publishes KV events counts as cached there until its own
     /// event confirms it (`Pending` entries); unconfirmed, it expires.
     pub pending_ttl_secs: u64,
+    /// `[routing.ejection]`: passive outlier detection (see [`outlier`]).
+    pub ejection: EjectionConfig,
 }
 
 impl Default for RoutingConfig {
@@ -79,6 +84,7 @@ impl Default for RoutingConfig {
             index_max_blocks: 1_000_000,
             index_ttl_secs: 600,
             pending_ttl_secs: 30,
+            ejection: EjectionConfig::default(),
         }
     }
 }
@@ -97,6 +103,8 @@ pub enum RoutingError {
     TooManyWorkers { got: usize, max: usize },
     #[error("worker name {name:?} appears more than once in [[workers]]")]
     DuplicateWorker { name: String },
+    #[error("routing.{0}")]
+    Ejection(#[from] EjectionError),
 }
 
 impl RoutingError {
@@ -107,6 +115,7 @@ impl RoutingError {
             RoutingError::OutOfRange { .. } => "out_of_range",
             RoutingError::TooManyWorkers { .. } => "too_many_workers",
             RoutingError::DuplicateWorker { .. } => "duplicate_worker",
+            RoutingError::Ejection(e) => e.label(),
         }
     }
 }
@@ -137,6 +146,7 @@ impl RoutingConfig {
                 return Err(RoutingError::OutOfRange { key, min: 1, max: u64::from(u32::MAX), value });
             }
         }
+        self.ejection.validate()?;
         Ok(())
     }
 }
@@ -187,6 +197,7 @@ pub struct Router {
     workers: Vec<Arc<Worker>>,
     index: BlockIndex,
     policy: Box<dyn Policy>,
+    ejection: EjectionConfig,
 }
 
 impl Router {
@@ -217,6 +228,7 @@ impl Router {
             index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs),
             workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
             policy,
+            ejection: cfg.ejection,
         })
     }
 
@@ -229,9 +241,11 @@ impl Router {
         &self.workers[id]
     }
 
-    /// Ranks the healthy workers for a request; `None` if none is healthy.
+    /// Ranks the selectable workers (healthy, or half-open with no probe out) for a request; `None`
+    /// if there is none.
     pub fn select(&self, req: &SelectRequest<'_>) -> Option<Decision> {
-        let eligible: Vec<bool> = self.workers.iter().map(|w| w.is_healthy()).collect();
+        let now = Instant::now();
+        let eligible: Vec<bool> = self.workers.iter().map(|w| w.selectable(now)).collect();
         if !eligible.contains(&true) {
             return None;
         }
@@ -291,19 +305,50 @@ impl Router {
         self.index.remove_worker(worker);
     }
 
-    /// Takes `worker` out of rotation and forgets its blocks (it died, or stopped answering: it may
-    /// come back with an empty cache). Returns true if it was healthy until now.
+    /// The active health check failed: `worker` is down and its blocks are forgotten (it died, or
+    /// stopped answering: it may come back with an empty cache). Returns true if it was up until now.
     pub fn mark_down(&self, worker: usize) -> bool {
-        let was = self.workers[worker].set_healthy(false);
-        if was {
+        let changed = self.workers[worker].with_outlier(|o| o.checked(false, Instant::now()));
+        if changed {
             self.clear_worker(worker);
         }
-        was
+        changed
     }
 
-    /// Puts `worker` back into rotation. Returns true if it was down until now.
+    /// The active health check passed: a down or half-open worker is healthy again (an ejected one
+    /// serves its back-off first). Returns true if that changed its state.
     pub fn mark_up(&self, worker: usize) -> bool {
-        !self.workers[worker].set_healthy(true)
+        self.workers[worker].with_outlier(|o| o.checked(true, Instant::now()))
+    }
+
+    /// Claims the right to send one request to `worker` now; `None` if its state refuses (ejected,
+    /// down, or half-open with its probe already out).
+    pub fn admit(&self, worker: usize) -> Option<Admission> {
+        let w = &self.workers[worker];
+        let probe = w.with_outlier(|o| o.admit(Instant::now()))?;
+        Some(Admission::new(w.clone(), probe))
+    }
+
+    /// A request to `worker` got a good answer (a half-open worker recovers).
+    pub fn succeeded(&self, worker: usize) -> Option<Transition> {
+        self.workers[worker].with_outlier(|o| o.succeeded())
+    }
+
+    /// A request to `worker` failed; may eject it (within the pool's ejection cap). An ejection for
+    /// refused connections forgets the worker's blocks; any other keeps them for its return.
+    pub fn failed(&self, worker: usize, failure: Failure) -> Option<Transition> {
+        let now = Instant::now();
+        let out = self
+            .workers
+            .iter()
+            .filter(|w| !w.is_healthy() && matches!(w.availability(), Availability::Ejected | Availability::HalfOpen))
+            .count();
+        let may_eject = out < self.ejection.max_ejected(self.workers.len());
+        let t = self.workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, now));
+        if let Some(Transition::Ejected { clear_index: true, .. }) = t {
+            self.clear_worker(worker);
+        }
+        t
     }
 
     /// Block keys the index holds.
