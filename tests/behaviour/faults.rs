@@ -309,3 +309,55 @@ async fn connection_listed_headers_are_dropped_both_ways() {
     assert!(h.get("x-hop-req").is_none(), "{h:?}");
     assert!(!h.get_all("connection").iter().any(|v| v.to_str().unwrap_or("").contains("X-Hop-Req")), "{h:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_to_the_first_byte_is_retried_on_the_next_worker() {
+    let mut workers = sims(1, |o| {
+        fast(o);
+        o.extra_delay_ms = 5_000;
+    })
+    .await;
+    workers.extend(sims(1, fast).await);
+    let toml = format!("[server]\nfirst_byte_timeout_ms = 300\n{SPREAD}");
+    let c = cluster_with(workers, &toml).await;
+    for i in 0..4 {
+        let r = post(&c.url, chat_body(&[], &format!("q {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-mmrouter-worker"), c.sims[1].name());
+    }
+    let m = metrics_text(&c.url).await;
+    assert!(sample(&m, "mmrouter_upstream_retries_total", &["reason=\"timeout\""]) >= 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_body_cut_mid_way_closes_the_connection_and_counts_as_an_error() {
+    use futures_util::{stream, StreamExt};
+    // A worker that sends its head and part of a JSON body, then fails.
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            let parts =
+                stream::iter([Ok(bytes::Bytes::from_static(b"{\"id\":\"x\",")), Err(std::io::Error::other("boom"))])
+                    .then(|item| async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        item
+                    });
+            axum::response::Response::builder()
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from_stream(parts))
+                .unwrap()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let toml = format!("[server]\nhealth_interval_ms = 0\n[[workers]]\nname = \"cutter\"\nurl = \"http://{addr}\"\n");
+    let c = proxy(Vec::new(), &toml).await;
+    let r = post(&c.url, chat_body(&[], "hi", false)).await;
+    assert_eq!(r.status(), 200, "the status was sent before the cut");
+    assert!(read_all(r).await.is_err(), "the client must see the body fail, not end");
+    let m = metrics_text(&c.url).await;
+    assert_eq!(sample(&m, "mmrouter_requests_total", &["status=\"stream_error\""]), 1.0, "{m}");
+    assert_eq!(sample(&m, "mmrouter_requests_total", &["status=\"200\""]), 0.0);
+    assert_eq!(sample(&m, "mmrouter_stream_errors_total", &["reason=\"upstream_error\""]), 1.0);
+}
