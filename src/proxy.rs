@@ -90,7 +90,7 @@ async fn forward(
         attempts += 1;
         let body = body_for(st.router.worker(w).engine(), plan, &bytes, &mut spliced);
         let guard = dispatch(st, plan, &decision, w, attempts == 1);
-        match attempt(st, w, &out, body, guard).await {
+        match attempt(st, w, &out, body, guard, admission.is_probe()).await {
             Ok((resp, guard)) => {
                 drop(admission);
                 return relay(st, plan, resp, w, guard);
@@ -120,6 +120,7 @@ async fn attempt(
     out: &Outgoing<'_>,
     body: Bytes,
     guard: LoadGuard,
+    probe: bool,
 ) -> Result<(reqwest::Response, LoadGuard), Failed> {
     let worker = st.router.worker(w);
     let sent_at = Instant::now();
@@ -127,12 +128,12 @@ async fn attempt(
         Ok(resp) => {
             st.observe.stage(stage::FORWARD_TTFB, sent_at.elapsed());
             let Some(reason) = RetryReason::of_status(resp.status()) else {
-                report(st, w, st.router.succeeded(w));
+                report(st, w, st.router.succeeded(w, probe));
                 return Ok((resp, guard));
             };
             // A 429 says "busy", not "broken": it neither ejects nor recovers the worker.
             if reason == RetryReason::ServerError {
-                report(st, w, st.router.failed(w, Failure::Error));
+                report(st, w, st.router.failed(w, Failure::Error, probe));
             }
             Err(Failed { reason, answer: Answer::Worker(resp, guard), worker: w })
         }
@@ -140,7 +141,7 @@ async fn attempt(
             st.observe.upstream(worker.name(), e.label());
             drop(guard);
             let failure = if matches!(e, UpstreamError::Connect(_)) { Failure::Connect } else { Failure::Error };
-            report(st, w, st.router.failed(w, failure));
+            report(st, w, st.router.failed(w, failure, probe));
             tracing::warn!(worker = %worker.name(), "upstream attempt failed: {e}");
             let answer = Answer::Ours(e.to_api(worker.name()));
             Err(Failed { reason: RetryReason::of_error(&e), answer, worker: w })
@@ -261,7 +262,8 @@ fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, w: usize
                 state.observe.stream_cut(route, reason);
                 // The total timeout is our limit, not the worker's failure.
                 if end.outcome != Outcome::Timeout {
-                    report(&state, w, state.router.failed(w, Failure::Error));
+                    // Never the probe: the probe's outcome was its response head.
+                    report(&state, w, state.router.failed(w, Failure::Error, false));
                 }
             }
             None => state.observe.finished(route, status.as_u16()),

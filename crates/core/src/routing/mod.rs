@@ -1,12 +1,15 @@
 //! Pipeline step 4, **select**: choose the worker for a request from the block index (who holds how
 //! much of the prompt) and the in-flight load (who is busy), under the configured policy.
 //!
-//! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the healthy workers (a
-//! [`Decision`] whose `candidates` a retry walks in order) → [`Router::begin`] (hold the load until the
-//! response ends) → [`Router::record`] (remember what the chosen worker now caches: `Pending` until its
-//! events confirm it if the worker publishes KV events, `Approximate` otherwise). A worker's event feed
-//! reports through [`Router::store_events`], [`Router::remove_events`] and [`Router::clear_worker`].
-//! Parts: [`worker`] (a worker owns its health, load and event-feed flag), [`index`] (chained block keys →
+//! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the selectable workers (a
+//! [`Decision`] whose `candidates` a retry walks in order) → [`Router::admit`] (the worker's state still
+//! allows a request: not ejected since, or the half-open probe is free) → [`Router::begin`] (hold the
+//! load until the response ends) → [`Router::record`] (remember what the chosen worker now caches:
+//! `Pending` until its events confirm it if the worker publishes KV events, `Approximate` otherwise) →
+//! [`Router::succeeded`] / [`Router::failed`] (the outcome, which may eject or recover the worker). A
+//! worker's event feed reports through [`Router::store_events`], [`Router::remove_events`] and
+//! [`Router::clear_worker`]. Parts: [`worker`] (a worker owns its availability, load and event-feed
+//! flag), [`outlier`] (the availability state machine: healthy / ejected / half-open / down), [`index`] (chained block keys →
 //! (worker, source) entries, TTLs + global LRU budget), [`load`] (in-flight counters and the RAII guard),
 //! and one file per policy behind the `Policy` trait (`policy.rs`).
 //!
@@ -329,14 +332,16 @@ impl Router {
         Some(Admission::new(w.clone(), probe))
     }
 
-    /// A request to `worker` got a good answer (a half-open worker recovers).
-    pub fn succeeded(&self, worker: usize) -> Option<Transition> {
-        self.workers[worker].with_outlier(|o| o.succeeded())
+    /// A request to `worker` got a good answer; `probe` (see [`Admission::is_probe`]): the half-open
+    /// worker's probe, which makes it healthy again.
+    pub fn succeeded(&self, worker: usize, probe: bool) -> Option<Transition> {
+        self.workers[worker].with_outlier(|o| o.succeeded(probe))
     }
 
-    /// A request to `worker` failed; may eject it (within the pool's ejection cap). An ejection for
-    /// refused connections forgets the worker's blocks; any other keeps them for its return.
-    pub fn failed(&self, worker: usize, failure: Failure) -> Option<Transition> {
+    /// A request to `worker` failed; may eject it (within the pool's ejection cap), or eject it again
+    /// for longer if it was the `probe`. An ejection for refused connections forgets the worker's
+    /// blocks; any other keeps them for its return.
+    pub fn failed(&self, worker: usize, failure: Failure, probe: bool) -> Option<Transition> {
         let now = Instant::now();
         let out = self
             .workers
@@ -344,7 +349,7 @@ impl Router {
             .filter(|w| !w.is_healthy() && matches!(w.availability(), Availability::Ejected | Availability::HalfOpen))
             .count();
         let may_eject = out < self.ejection.max_ejected(self.workers.len());
-        let t = self.workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, now));
+        let t = self.workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, probe, now));
         if let Some(Transition::Ejected { clear_index: true, .. }) = t {
             self.clear_worker(worker);
         }
@@ -461,6 +466,62 @@ mod tests {
         assert_eq!(rank(2, &costs, &eligible), vec![2, 4, 0, 1]);
         assert_eq!(rank(0, &[0.0; 3], &[true; 3]), vec![0, 1, 2]);
         assert_eq!(rank(1, &[0.0; 3], &[true; 3]), vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn ejection_keeps_the_index_a_refused_connection_clears_it_and_the_pool_cap_holds() {
+        let ejection = EjectionConfig { consecutive_failures: 2, base_ejection_ms: 60_000, ..Default::default() };
+        let cfg = RoutingConfig { ejection, ..RoutingConfig::default() };
+        let r = Router::new(cfg, specs(&["a", "b", "c", "d"])).unwrap();
+        let blocks = [11, 12, 13];
+        let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0 };
+        for w in 0..4 {
+            r.record(w, &blocks);
+        }
+        assert_eq!(r.failed(0, Failure::Error, false), None);
+        assert!(matches!(r.failed(0, Failure::Error, false), Some(Transition::Ejected { clear_index: false, .. })));
+        let d = r.select(&req).unwrap();
+        assert!(!d.candidates.contains(&0), "an ejected worker is not ranked");
+        assert!(r.admit(0).is_none());
+        assert_eq!(r.worker(0).availability(), Availability::Ejected);
+        r.mark_up(0); // a passing health check does not cut the back-off short
+        assert_eq!(r.worker(0).availability(), Availability::Ejected);
+        // Its cache is remembered for its return.
+        assert_eq!(d.overlap_blocks[0], 3);
+        // 50 % of 4: a second ejection is allowed, a third is not (unless connections are refused).
+        r.failed(1, Failure::Error, false);
+        assert!(r.failed(1, Failure::Error, false).is_some());
+        r.failed(2, Failure::Error, false);
+        assert_eq!(r.failed(2, Failure::Error, false), None, "the pool cap holds");
+        assert!(matches!(r.failed(2, Failure::Connect, false), Some(Transition::Ejected { clear_index: true, .. })));
+        assert_eq!(r.select(&req).unwrap().candidates, vec![3]);
+        assert_eq!(r.select(&req).unwrap().overlap_blocks[2], 0, "a refused connection forgets the worker's cache");
+        // A failed health check takes the last one down.
+        assert!(r.mark_down(3));
+        assert!(r.select(&req).is_none());
+    }
+
+    #[test]
+    fn a_half_open_worker_takes_one_probe_at_a_time() {
+        let ejection = EjectionConfig { consecutive_failures: 1, base_ejection_ms: 30, ..Default::default() };
+        let r = Router::new(RoutingConfig { ejection, ..RoutingConfig::default() }, specs(&["a", "b"])).unwrap();
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0 };
+        assert!(r.failed(0, Failure::Error, false).is_some());
+        while r.worker(0).availability() == Availability::Ejected {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(r.select(&req).unwrap().candidates.contains(&0));
+        let probe = r.admit(0).expect("the probe");
+        assert!(probe.is_probe());
+        assert!(!r.select(&req).unwrap().candidates.contains(&0), "its probe is out");
+        assert!(r.admit(0).is_none());
+        drop(probe); // the client went away: the next request probes
+        let probe = r.admit(0).expect("the probe again");
+        assert_eq!(r.succeeded(0, false), None, "only the probe's answer recovers it");
+        assert_eq!(r.succeeded(0, probe.is_probe()), Some(Transition::Recovered));
+        drop(probe);
+        assert!(r.worker(0).is_healthy());
+        assert!(!r.admit(0).expect("full traffic").is_probe());
     }
 
     #[test]

@@ -224,36 +224,51 @@ impl Outlier {
         }
     }
 
-    /// A request got a good answer.
-    pub(crate) fn succeeded(&mut self) -> Option<Transition> {
-        self.consecutive = 0;
-        self.push(false);
+    /// A request got a good answer. `probe`: it was the half-open worker's probe.
+    pub(crate) fn succeeded(&mut self, probe: bool) -> Option<Transition> {
         match self.mode {
-            Mode::HalfOpen { .. } => {
+            Mode::Healthy => {
+                self.consecutive = 0;
+                self.push(false);
+                None
+            }
+            Mode::HalfOpen { .. } | Mode::Ejected { .. } if probe => {
                 self.recover();
                 Some(Transition::Recovered)
             }
+            // A late answer to a request sent before the ejection says nothing about the worker now.
             _ => None,
         }
     }
 
-    /// A request failed. `may_eject`: the pool's ejection cap leaves room for one more.
+    /// A request failed. `may_eject`: the pool's ejection cap leaves room for one more; `probe`: it
+    /// was the half-open worker's probe.
     pub(crate) fn failed(
         &mut self,
         failure: Failure,
         cfg: &EjectionConfig,
         may_eject: bool,
+        probe: bool,
         now: Instant,
     ) -> Option<Transition> {
-        self.consecutive = self.consecutive.saturating_add(1);
-        self.push(true);
         match self.mode {
-            // A failed probe: back out, for longer. The cap does not apply: it is already out.
-            Mode::HalfOpen { .. } | Mode::Ejected { .. } => Some(self.eject(cfg, now, failure == Failure::Connect)),
-            Mode::Down => None,
-            Mode::Healthy if failure == Failure::Connect => Some(self.eject(cfg, now, true)),
-            Mode::Healthy if may_eject && self.tripped(cfg) => Some(self.eject(cfg, now, false)),
-            Mode::Healthy => None,
+            Mode::Healthy => {
+                self.consecutive = self.consecutive.saturating_add(1);
+                self.push(true);
+                if failure == Failure::Connect {
+                    Some(self.eject(cfg, now, true))
+                } else if may_eject && self.tripped(cfg) {
+                    Some(self.eject(cfg, now, false))
+                } else {
+                    None
+                }
+            }
+            // A failed probe: back out, for longer. The pool cap does not apply: it is already out.
+            Mode::HalfOpen { .. } | Mode::Ejected { .. } if probe => {
+                Some(self.eject(cfg, now, failure == Failure::Connect))
+            }
+            // Requests sent before the ejection failing late must not stretch the back-off.
+            _ => None,
         }
     }
 
@@ -347,13 +362,13 @@ mod tests {
         let (c, t0) = (cfg(), Instant::now());
         let mut o = Outlier::new();
         for _ in 0..4 {
-            assert_eq!(o.failed(Failure::Error, &c, true, t0), None);
+            assert_eq!(o.failed(Failure::Error, &c, true, false, t0), None);
         }
-        assert_eq!(o.succeeded(), None, "a success resets the run");
+        assert_eq!(o.succeeded(false), None, "a success resets the run");
         for _ in 0..4 {
-            assert_eq!(o.failed(Failure::Error, &c, true, t0), None);
+            assert_eq!(o.failed(Failure::Error, &c, true, false, t0), None);
         }
-        let t = o.failed(Failure::Error, &c, true, t0);
+        let t = o.failed(Failure::Error, &c, true, false, t0);
         assert_eq!(t, Some(Transition::Ejected { length: ms(1_000), clear_index: false }));
         assert_eq!(o.availability(t0), Availability::Ejected);
         assert!(!o.selectable(t0 + ms(999)));
@@ -369,7 +384,7 @@ mod tests {
         let lengths: Vec<_> = [2_000, 4_000, 4_000]
             .iter()
             .scan(t1, |now, _| {
-                let t = o.failed(Failure::Error, &c, false, *now);
+                let t = o.failed(Failure::Error, &c, false, true, *now);
                 let Some(Transition::Ejected { length, .. }) = t else { panic!("{t:?}") };
                 *now += length;
                 assert_eq!(o.admit(*now), Some(true));
@@ -377,11 +392,11 @@ mod tests {
             })
             .collect();
         assert_eq!(lengths, vec![2_000, 4_000, 4_000]);
-        assert_eq!(o.succeeded(), Some(Transition::Recovered));
+        assert_eq!(o.succeeded(true), Some(Transition::Recovered));
         assert_eq!(o.availability(t1), Availability::Healthy);
         // Recovery reset the exponent.
         for _ in 0..5 {
-            o.failed(Failure::Error, &c, true, t1);
+            o.failed(Failure::Error, &c, true, false, t1);
         }
         assert_eq!(o.availability(t1), Availability::Ejected);
         assert_eq!(o.admit(t1 + ms(1_000)), Some(true));
@@ -394,7 +409,7 @@ mod tests {
         // 1 failure in 4: 25 % over a full window of 20 → ejected at the 20th outcome.
         let mut ejected_at = None;
         for i in 0..40 {
-            let t = if i % 4 == 3 { o.failed(Failure::Error, &c, true, now) } else { o.succeeded() };
+            let t = if i % 4 == 3 { o.failed(Failure::Error, &c, true, false, now) } else { o.succeeded(false) };
             if t.is_some() {
                 ejected_at = Some(i);
                 break;
@@ -404,7 +419,7 @@ mod tests {
         // Below the rate: never.
         let mut o = Outlier::new();
         for i in 0..200 {
-            let t = if i % 5 == 4 { o.failed(Failure::Error, &c, true, now) } else { o.succeeded() };
+            let t = if i % 5 == 4 { o.failed(Failure::Error, &c, true, false, now) } else { o.succeeded(false) };
             assert_eq!(t, None, "20 % is under the 25 % threshold");
         }
     }
@@ -414,10 +429,10 @@ mod tests {
         let (c, now) = (cfg(), Instant::now());
         let mut o = Outlier::new();
         for _ in 0..10 {
-            assert_eq!(o.failed(Failure::Error, &c, false, now), None);
+            assert_eq!(o.failed(Failure::Error, &c, false, false, now), None);
         }
         assert_eq!(o.availability(now), Availability::Healthy);
-        let t = o.failed(Failure::Connect, &c, false, now);
+        let t = o.failed(Failure::Connect, &c, false, false, now);
         assert_eq!(t, Some(Transition::Ejected { length: ms(1_000), clear_index: true }));
         assert_eq!(c.max_ejected(3), 1);
         assert_eq!(c.max_ejected(10), 5);
@@ -436,7 +451,7 @@ mod tests {
         assert_eq!(o.availability(t0), Availability::Healthy);
         // A passing check does not cut an ejection short…
         for _ in 0..5 {
-            o.failed(Failure::Error, &c, true, t0);
+            o.failed(Failure::Error, &c, true, false, t0);
         }
         assert!(!o.checked(true, t0 + ms(10)));
         assert_eq!(o.availability(t0 + ms(10)), Availability::Ejected);
@@ -446,16 +461,34 @@ mod tests {
     }
 
     #[test]
+    fn late_outcomes_of_requests_sent_before_the_ejection_change_nothing() {
+        let (c, t0) = (cfg(), Instant::now());
+        let mut o = Outlier::new();
+        o.failed(Failure::Connect, &c, true, false, t0);
+        // In-flight requests failing after the ejection do not stretch the back-off…
+        for _ in 0..10 {
+            assert_eq!(o.failed(Failure::Error, &c, true, false, t0), None);
+        }
+        // …nor does a late success end it.
+        assert_eq!(o.succeeded(false), None);
+        let t1 = t0 + ms(1_000);
+        assert_eq!(o.availability(t1), Availability::HalfOpen, "the first back-off, not a longer one");
+        assert_eq!(o.admit(t1), Some(true));
+        assert_eq!(o.succeeded(false), None, "only the probe's answer counts");
+        assert_eq!(o.succeeded(true), Some(Transition::Recovered));
+    }
+
+    #[test]
     fn a_released_probe_lets_the_next_request_probe() {
         let (c, t0) = (cfg(), Instant::now());
         let mut o = Outlier::new();
-        o.failed(Failure::Connect, &c, true, t0);
+        o.failed(Failure::Connect, &c, true, false, t0);
         let t1 = t0 + ms(1_000);
         assert_eq!(o.admit(t1), Some(true));
         o.release_probe();
         assert_eq!(o.availability(t1), Availability::HalfOpen);
         assert_eq!(o.admit(t1), Some(true));
-        assert_eq!(o.succeeded(), Some(Transition::Recovered));
+        assert_eq!(o.succeeded(true), Some(Transition::Recovered));
         assert_eq!(o.admit(t1), Some(false));
     }
 }
