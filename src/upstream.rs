@@ -497,6 +497,66 @@ mod tests {
         assert_eq!(w.finish(), None);
     }
 
+    /// Relays `first` then a silence, with a short idle timeout; returns the relayed items and the outcome.
+    async fn stall_after(first: &'static [u8], sse: bool) -> (Vec<Result<Bytes, std::io::Error>>, Option<Outcome>) {
+        use futures_util::StreamExt;
+        use mmrouter_core::routing::{Load, Router, RoutingConfig, WorkerSpec};
+        use std::sync::{Arc, Mutex};
+        let router = Router::new(RoutingConfig::default(), vec![WorkerSpec::new("w", "http://127.0.0.1:1")]).unwrap();
+        let guard = router.begin(0, Load { prefill_tokens: 5, decode_tokens: 5, image_tokens: 0 });
+        let ended = Arc::new(Mutex::new(None));
+        let seen = ended.clone();
+        let body = futures_util::stream::iter([Ok::<_, reqwest::Error>(Bytes::from_static(first))])
+            .chain(futures_util::stream::pending());
+        let limits =
+            RelayLimits { deadline: Instant::now() + Duration::from_secs(60), idle: Duration::from_millis(20) };
+        let on_end = Box::new(move |e: EndReport| *seen.lock().unwrap() = Some(e.outcome));
+        let items: Vec<_> = Relay::new(body, limits, guard, sse, None, on_end).collect().await;
+        assert_eq!(router.loads()[0].inflight.requests, 0, "the load is released");
+        let outcome = *ended.lock().unwrap();
+        (items, outcome)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_sse_stream_ends_with_a_whole_error_event_then_done() {
+        let (items, outcome) = stall_after(b"data: {\"partial\":", true).await;
+        assert_eq!(outcome, Some(Outcome::IdleTimeout));
+        let text: String = items.iter().map(|i| String::from_utf8_lossy(i.as_ref().unwrap()).into_owned()).collect();
+        // The partial event is closed first, so the error event is parsed on its own.
+        let events: Vec<&str> = text.split_terminator("\n\n").collect();
+        assert_eq!(events.len(), 3, "{text:?}");
+        assert_eq!(events[0], "data: {\"partial\":");
+        let err: serde_json::Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(err["error"]["code"], "upstream_idle_timeout");
+        assert_eq!(err["error"]["type"], "server_error");
+        assert_eq!(events[2], "data: [DONE]");
+        assert!(text.ends_with("\n\n"));
+        // A stream cut right after a whole event needs no separator.
+        let (items, _) = stall_after(b"data: {}\n\n", true).await;
+        let text: String = items.iter().map(|i| String::from_utf8_lossy(i.as_ref().unwrap()).into_owned()).collect();
+        assert!(text.starts_with("data: {}\n\ndata: {\"error\""), "{text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_plain_body_ends_with_an_error() {
+        let (items, outcome) = stall_after(b"{\"id\":", false).await;
+        assert_eq!(outcome, Some(Outcome::IdleTimeout));
+        assert_eq!(items.len(), 2);
+        assert!(items[1].is_err(), "the client's connection must break, not end cleanly");
+    }
+
+    #[test]
+    fn connection_listed_headers_are_not_end_to_end() {
+        let mut h = HeaderMap::new();
+        h.append(CONNECTION, HeaderValue::from_static("keep-alive, X-Secret"));
+        h.append(CONNECTION, HeaderValue::from_static("x-other"));
+        for name in ["x-secret", "x-other", "keep-alive", "content-type", "x-public"] {
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+        }
+        let kept: Vec<&str> = end_to_end(&h).map(|(n, _)| n.as_str()).collect();
+        assert_eq!(kept, vec!["content-type", "x-public"]);
+    }
+
     #[test]
     fn hop_by_hop_headers_are_recognised() {
         assert!(is_hop_by_hop(&HeaderName::from_static("transfer-encoding")));
