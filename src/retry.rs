@@ -40,24 +40,43 @@ impl Default for RetryConfig {
     }
 }
 
-impl RetryConfig {
-    /// Refuses values the budget cannot honour; the message names the key.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=16).contains(&self.max_attempts) {
-            return Err(format!("retries.max_attempts must be between 1 and 16 (got {})", self.max_attempts));
+/// Why a `[retries]` section is refused; the message names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RetryConfigError {
+    #[error("{key} must be between {min} and {max} (got {value})")]
+    OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("{key} must be a finite number >= 0 (got {value})")]
+    InvalidNumber { key: &'static str, value: f64 },
+}
+
+impl RetryConfigError {
+    /// Stable snake_case label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RetryConfigError::OutOfRange { .. } => "out_of_range",
+            RetryConfigError::InvalidNumber { .. } => "invalid_number",
         }
-        for (key, v) in
-            [("retries.budget_ratio", self.budget_ratio), ("retries.budget_min_per_sec", self.budget_min_per_sec)]
-        {
-            if !v.is_finite() || v < 0.0 {
-                return Err(format!("{key} must be a finite number >= 0 (got {v})"));
+    }
+}
+
+impl RetryConfig {
+    /// Refuses values the budget cannot honour.
+    pub fn validate(&self) -> Result<(), RetryConfigError> {
+        let ranges = [
+            ("retries.max_attempts", u64::from(self.max_attempts), 1, 16),
+            ("retries.budget_window_secs", self.budget_window_secs, 1, 3600),
+        ];
+        for (key, value, min, max) in ranges {
+            if !(min..=max).contains(&value) {
+                return Err(RetryConfigError::OutOfRange { key, min, max, value });
             }
         }
-        if !(1..=3600).contains(&self.budget_window_secs) {
-            return Err(format!(
-                "retries.budget_window_secs must be between 1 and 3600 (got {})",
-                self.budget_window_secs
-            ));
+        for (key, value) in
+            [("retries.budget_ratio", self.budget_ratio), ("retries.budget_min_per_sec", self.budget_min_per_sec)]
+        {
+            if !value.is_finite() || value < 0.0 {
+                return Err(RetryConfigError::InvalidNumber { key, value });
+            }
         }
         Ok(())
     }
@@ -188,11 +207,16 @@ mod tests {
     fn defaults_validate_and_bad_values_name_their_key() {
         assert_eq!(RetryConfig::default().validate(), Ok(()));
         let bad = |c: RetryConfig| c.validate().unwrap_err();
-        assert!(bad(RetryConfig { max_attempts: 0, ..Default::default() }).contains("retries.max_attempts"));
-        assert!(bad(RetryConfig { budget_ratio: -1.0, ..Default::default() }).contains("retries.budget_ratio"));
-        assert!(bad(RetryConfig { budget_min_per_sec: f64::NAN, ..Default::default() })
-            .contains("retries.budget_min_per_sec"));
-        assert!(bad(RetryConfig { budget_window_secs: 0, ..Default::default() }).contains("retries.budget_window_secs"));
+        let e = bad(RetryConfig { max_attempts: 0, ..Default::default() });
+        assert_eq!(e.label(), "out_of_range");
+        assert_eq!(e.to_string(), "retries.max_attempts must be between 1 and 16 (got 0)");
+        let e = bad(RetryConfig { budget_ratio: -1.0, ..Default::default() });
+        assert_eq!(e.label(), "invalid_number");
+        assert!(e.to_string().contains("retries.budget_ratio"));
+        let e = bad(RetryConfig { budget_min_per_sec: f64::NAN, ..Default::default() });
+        assert!(e.to_string().contains("retries.budget_min_per_sec"));
+        let e = bad(RetryConfig { budget_window_secs: 0, ..Default::default() });
+        assert!(e.to_string().contains("retries.budget_window_secs"));
     }
 
     #[test]
