@@ -20,6 +20,8 @@ use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{Engine, RoutingConfig, WorkerSpec};
 use serde::Deserialize;
 
+use crate::retry::RetryConfig;
+
 /// The file as written.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +38,7 @@ pub struct ConfigFile {
     pub media: MediaConfig,
     #[serde(default)]
     pub auth: AuthSection,
+    pub retries: RetryConfig,
 }
 
 /// `[server]`.
@@ -52,6 +55,9 @@ pub struct ServerSection {
     pub first_byte_timeout_ms: u64,
     /// From dispatch to the end of the response body, streams included.
     pub total_timeout_ms: u64,
+    /// Longest silence between two chunks of a worker's response body before it is cut (a model may
+    /// pause between tokens: be generous).
+    pub upstream_idle_timeout_ms: u64,
     /// How often each worker's `/health` is polled; 0 disables active checks.
     pub health_interval_ms: u64,
     /// A client must finish sending a request head within this (HTTP/1); it also bounds how long an
@@ -86,6 +92,7 @@ impl Default for ServerSection {
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 120_000,
             total_timeout_ms: 1_800_000,
+            upstream_idle_timeout_ms: 120_000,
             health_interval_ms: 2_000,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
@@ -243,6 +250,7 @@ pub struct Settings {
     pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
     pub auth: AuthSettings,
+    pub retries: RetryConfig,
 }
 
 /// `[server]`, typed.
@@ -253,6 +261,7 @@ pub struct ServerSettings {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub total_timeout: Duration,
+    pub upstream_idle_timeout: Duration,
     /// `None`: no active health checks.
     pub health_interval: Option<Duration>,
     /// The client side: timeouts, caps, drain, logs.
@@ -310,6 +319,7 @@ impl Default for ServerSettings {
             connect_timeout: Duration::from_millis(s.connect_timeout_ms),
             first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
             total_timeout: Duration::from_millis(s.total_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
             health_interval: Some(Duration::from_millis(s.health_interval_ms)),
             conn: ConnSettings::default(),
         }
@@ -325,6 +335,7 @@ impl Settings {
             workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
             auth: AuthSettings::default(),
+            retries: RetryConfig::default(),
         }
     }
 
@@ -355,12 +366,14 @@ impl Settings {
         file.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let auth = auth_settings(&file.auth)?;
+        file.retries.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Settings {
             server,
             pipeline: PipelineConfig { model, media: file.media },
             workers,
             routing: file.routing,
             auth,
+            retries: file.retries,
         })
     }
 }
@@ -377,6 +390,7 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         ("server.connect_timeout_ms", s.connect_timeout_ms),
         ("server.first_byte_timeout_ms", s.first_byte_timeout_ms),
         ("server.total_timeout_ms", s.total_timeout_ms),
+        ("server.upstream_idle_timeout_ms", s.upstream_idle_timeout_ms),
     ] {
         if v == 0 {
             anyhow::bail!("{key} must be > 0");
@@ -391,6 +405,7 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         connect_timeout: Duration::from_millis(s.connect_timeout_ms),
         first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
         total_timeout: Duration::from_millis(s.total_timeout_ms),
+        upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
         health_interval: (s.health_interval_ms > 0).then(|| Duration::from_millis(s.health_interval_ms)),
         conn: conn_settings(s)?,
     })
@@ -611,6 +626,13 @@ mod tests {
             ("[server]\nlisten = \"nope\"\n", "server.listen"),
             ("[server]\nmax_body_bytes = 0\n", "server.max_body_bytes"),
             ("[server]\nconnect_timeout_ms = 0\n", "server.connect_timeout_ms"),
+            ("[server]\nupstream_idle_timeout_ms = 0\n", "server.upstream_idle_timeout_ms"),
+            ("[retries]\nmax_attempts = 0\n", "retries.max_attempts"),
+            ("[retries]\nbudget_ratio = -0.5\n", "retries.budget_ratio"),
+            ("[retries]\nbogus = 1\n", "bogus"),
+            ("[routing.ejection]\nfailure_rate = 2.0\n", "routing.ejection.failure_rate"),
+            ("[routing.ejection]\nfailure_window = 0\n", "routing.ejection.failure_window"),
+            ("[routing.ejection]\nbase_ejection_ms = 10\nmax_ejection_ms = 5\n", "routing.ejection.max_ejection_ms"),
             ("[model]\nblock_size = 0\n", "model.block_size"),
             ("[model]\nfamily = \"nonsense\"\n", "model.family"),
             ("[model]\ndir = \"/nonexistent/model\"\n", "model.dir"),

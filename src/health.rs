@@ -1,6 +1,7 @@
 //! Active health checks: every worker's `/health` polled on an interval. A worker that fails is
-//! taken out of rotation through the router (which forgets its cached blocks); one that answers again
-//! is put back.
+//! marked down through the router (which forgets its cached blocks); one that answers again is put
+//! back, and a passing check also ends a half-open period. The checks feed the same state machine as
+//! request outcomes (`mmrouter_core::routing::outlier`); an ejected worker serves its back-off first.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //!
 //! This crate is the HTTP layer over `mmrouter-core` (the pipeline: parse, intake, account, plan,
 //! select): [`server`] (routes, state), [`proxy`] (the request's path), [`upstream`] (forward and
-//! relay), [`observe`] (every metric), [`health`], [`config`] (file → validated settings),
+//! relay), [`retry`] (retry policy and budget), [`observe`] (every metric), [`health`], [`config`] (file → validated settings),
 //! [`error`] (OpenAI-shaped errors), and the `demo`, `count` and `render` subcommands. The client
 //! side: [`conn`] (accept loop, timeouts, caps, drain) and the front door [`front`] ([`access`],
 //! [`auth`], [`admission`]); [`logging`] sets up the log format.
@@ -24,6 +24,7 @@ pub mod logging;
 pub mod observe;
 pub mod proxy;
 pub mod render;
+pub mod retry;
 pub mod server;
 pub mod state;
 pub mod upstream;

@@ -7,7 +7,8 @@
 //! are registered once and cached, so the hot path does not build metric keys per request. Worker
 //! gauges and the index size are read from the router's state when `/metrics` is scraped.
 
-/// Counter `{route, status}`: every proxied request.
+/// Counter `{route, status}`: every proxied request, counted when its response ends; `status` is the
+/// HTTP status sent, or `stream_error` for a body cut after the status was sent.
 pub const REQUESTS_TOTAL: &str = "mmrouter_requests_total";
 /// Counter `{reason}`: a request refused before routing, by its error code (`prompt_too_long`,
 /// `image_url_blocked`, `invalid_json`, …); also counted in [`REQUESTS_TOTAL`] as `route="rejected"`.
@@ -36,6 +37,20 @@ pub const PROMPT_TOKENS_DRIFT: &str = "mmrouter_prompt_tokens_drift";
 pub const INDEX_BLOCKS: &str = "mmrouter_index_blocks";
 /// Counter `{worker, status}`: every upstream attempt.
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "mmrouter_upstream_requests_total";
+
+/// Counter `{reason}`: an upstream attempt tried again on the next candidate (`connect_error`,
+/// `timeout`, `transport_error`, `server_error`, `rate_limited`).
+pub const UPSTREAM_RETRIES_TOTAL: &str = "mmrouter_upstream_retries_total";
+/// Counter: a retry refused because the retry budget was used up (the failure went to the client).
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "mmrouter_retry_budget_exhausted_total";
+/// Counter `{worker}`: passive ejections (failures in a row, failure rate, refused connections).
+pub const WORKER_EJECTIONS_TOTAL: &str = "mmrouter_worker_ejections_total";
+/// Gauge `{worker, state}`: 1 for the worker's current state (`healthy`, `ejected`, `half_open`,
+/// `down`), 0 for the others.
+pub const WORKER_STATE: &str = "mmrouter_worker_state";
+/// Counter `{route, reason}`: a response body cut after its status was sent (`upstream_error`,
+/// `idle_timeout`, `total_timeout`); the request is counted as `status="stream_error"`.
+pub const STREAM_ERRORS_TOTAL: &str = "mmrouter_stream_errors_total";
 
 /// Gauge `{source}`: (block, worker) index entries by where they came from (`events`, `pending`,
 /// `approximate`).
@@ -84,7 +99,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, 
 use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
 use std::sync::Arc;
 
-use mmrouter_core::routing::Router;
+use mmrouter_core::routing::{Availability, Router};
 
 use crate::events::WorkerFeeds;
 
@@ -113,6 +128,12 @@ pub struct Observer {
     rejected_reasons: Cache<&'static str, Counter>,
     fallback: Cache<&'static str, Counter>,
     upstream: Cache<(String, String), Counter>,
+    retries: Cache<&'static str, Counter>,
+    ejections: Cache<String, Counter>,
+    stream_errors: Cache<(&'static str, &'static str), Counter>,
+    cut_requests: Cache<&'static str, Counter>,
+    worker_state: Cache<(String, &'static str), Gauge>,
+    budget_exhausted: Counter,
     overlap: Cache<&'static str, Histogram>,
     stages: Cache<&'static str, Histogram>,
     probes: Cache<&'static str, Histogram>,
@@ -149,12 +170,18 @@ impl Observer {
             connections_open: recorder.register_gauge(&plain(CONNECTIONS_OPEN), &METADATA),
             inflight_requests: recorder.register_gauge(&plain(INFLIGHT_REQUESTS), &METADATA),
             front_counters: Cache::new(),
+            budget_exhausted: recorder.register_counter(&plain(RETRY_BUDGET_EXHAUSTED_TOTAL), &METADATA),
             recorder,
             requests: Cache::new(),
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
             fallback: Cache::new(),
             upstream: Cache::new(),
+            retries: Cache::new(),
+            ejections: Cache::new(),
+            stream_errors: Cache::new(),
+            cut_requests: Cache::new(),
+            worker_state: Cache::new(),
             overlap: Cache::new(),
             stages: Cache::new(),
             probes: Cache::new(),
@@ -233,6 +260,35 @@ impl Observer {
         let c = self
             .requests
             .get((label, status), |(r, s)| self.counter(REQUESTS_TOTAL, &[("route", r), ("status", &s.to_string())]));
+        c.increment(1);
+    }
+
+    /// A response body was cut after its status went out: counted as `status="stream_error"` and by
+    /// reason.
+    pub fn stream_cut(&self, route: Route, reason: &'static str) {
+        let label = route.label();
+        let c = self
+            .stream_errors
+            .get((label, reason), |(r, why)| self.counter(STREAM_ERRORS_TOTAL, &[("route", r), ("reason", why)]));
+        c.increment(1);
+        let c =
+            self.cut_requests.get(label, |r| self.counter(REQUESTS_TOTAL, &[("route", r), ("status", "stream_error")]));
+        c.increment(1);
+    }
+
+    /// An upstream attempt is tried again on the next candidate.
+    pub fn retry(&self, reason: &'static str) {
+        self.retries.get(reason, |r| self.counter(UPSTREAM_RETRIES_TOTAL, &[("reason", r)])).increment(1);
+    }
+
+    /// A retry was refused by the budget.
+    pub fn retry_budget_exhausted(&self) {
+        self.budget_exhausted.increment(1);
+    }
+
+    /// `worker` was ejected.
+    pub fn ejected(&self, worker: &str) {
+        let c = self.ejections.get(worker.to_owned(), |w| self.counter(WORKER_EJECTIONS_TOTAL, &[("worker", w)]));
         c.increment(1);
     }
 
@@ -358,6 +414,13 @@ impl Observer {
                 })
             };
             gauge(WORKER_INFLIGHT_REQUESTS).set(load.requests as f64);
+            let now = w.availability();
+            for state in Availability::ALL {
+                let g = self.worker_state.get((w.name().to_owned(), state.label()), |(w, s)| {
+                    self.recorder.register_gauge(&Self::key(WORKER_STATE, &[("worker", w), ("state", s)]), &METADATA)
+                });
+                g.set(if state == now { 1.0 } else { 0.0 });
+            }
             gauge(WORKER_INFLIGHT_PREFILL_TOKENS).set(load.prefill_tokens as f64);
             // Only workers that carried exact-routed images show the image gauge.
             if w.has_carried_images() {
@@ -400,7 +463,7 @@ fn describe(r: &PrometheusRecorder) {
     let histogram = |n: &'static str, u: Option<Unit>, d: &'static str| {
         r.describe_histogram(KeyName::from(n), u, SharedString::from(d))
     };
-    counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status.");
+    counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status (stream_error: body cut after the status).");
     counter(REJECTED_TOTAL, "Requests refused before routing, by error code.");
     counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
@@ -414,6 +477,11 @@ fn describe(r: &PrometheusRecorder) {
     histogram(PROMPT_TOKENS_DRIFT, None, "Worker-reported minus predicted prompt tokens.");
     gauge(INDEX_BLOCKS, "Block keys held by the routing index.");
     counter(UPSTREAM_REQUESTS_TOTAL, "Upstream attempts by worker and status.");
+    counter(UPSTREAM_RETRIES_TOTAL, "Upstream attempts tried again on the next candidate, by reason.");
+    counter(RETRY_BUDGET_EXHAUSTED_TOTAL, "Retries refused because the retry budget was used up.");
+    counter(WORKER_EJECTIONS_TOTAL, "Passive ejections of a worker after failures.");
+    gauge(WORKER_STATE, "1 for the worker's current state: healthy, ejected, half_open or down.");
+    counter(STREAM_ERRORS_TOTAL, "Response bodies cut after the status was sent, by route and reason.");
     gauge(INDEX_BLOCKS_BY_SOURCE, "(block, worker) index entries by source: events, pending, approximate.");
     counter(KV_EVENTS_TOTAL, "Blocks in a worker's KV events, by what the router made of them.");
     counter(KV_EVENT_BATCHES_TOTAL, "KV-event batches received per worker.");

@@ -20,16 +20,13 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use mmrouter_core::pipeline::{splice_uuids, Planned, Route, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, Engine, Load, LoadGuard, SelectRequest};
+use mmrouter_core::routing::{Decision, Engine, Failure, Load, LoadGuard, SelectRequest, Transition};
 
 use crate::error::ApiError;
 use crate::observe::stage;
+use crate::retry::RetryReason;
 use crate::state::AppState;
-use crate::upstream::{is_hop_by_hop, EndReport, Outcome, Relay, UpstreamError};
-
-/// Upstream attempts per request: the chosen worker, and one more candidate if it cannot be
-/// connected to (nothing was sent, so retrying cannot duplicate work).
-const MAX_ATTEMPTS: usize = 2;
+use crate::upstream::{end_to_end, EndReport, Outcome, Relay, RelayLimits, UpstreamError};
 
 /// `POST /v1/chat/completions` and `/v1/completions`.
 pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
@@ -78,7 +75,10 @@ async fn plan_blocking(st: &Arc<AppState>, endpoint: Endpoint, bytes: Bytes) -> 
 }
 
 /// Select, then try the candidates in order: hold the load, record the blocks, send the original
-/// bytes, relay the answer.
+/// bytes, relay the answer. A connect error, a timeout to the response head, a transport error, a
+/// 5xx or a 429 moves on to the next candidate, within `retries.max_attempts` and the retry budget;
+/// nothing has reached the client yet, so the held bytes can be sent again. When no retry is left,
+/// the client gets the last worker's own answer (its 5xx or 429 with `retry-after`) or our error.
 async fn forward(
     st: &Arc<AppState>,
     plan: &RoutePlan,
@@ -92,37 +92,125 @@ async fn forward(
         return finish_error(st, plan, ApiError::no_worker());
     };
     st.observe.stage(stage::SELECT, t.elapsed());
-    let mut last_error = None;
+    st.retry_budget.deposit();
+    let out = Outgoing { method: &method, path, headers };
     let mut spliced = None;
-    for (attempt, &w) in decision.candidates.iter().take(MAX_ATTEMPTS).enumerate() {
-        let worker = st.router.worker(w).clone();
-        if attempt > 0 && !worker.is_healthy() {
-            continue; // went down since the ranking
+    let mut last: Option<Failed> = None;
+    let mut attempts = 0;
+    for &w in &decision.candidates {
+        if attempts == st.retries.max_attempts {
+            break;
         }
-        let body = body_for(worker.engine(), plan, &bytes, &mut spliced);
-        let guard = dispatch(st, plan, &decision, w, attempt == 0);
-        let sent_at = Instant::now();
-        match st.upstream.send(worker.url(), method.clone(), path, headers, body).await {
-            Ok(resp) => {
-                st.observe.stage(stage::FORWARD_TTFB, sent_at.elapsed());
-                return relay(st, plan, resp, guard);
+        // Ejected, down, or its half-open probe already out since the ranking: not an attempt.
+        let Some(admission) = st.router.admit(w) else { continue };
+        if let Some(prev) = last.take() {
+            if !spend_retry(st, &prev) {
+                last = Some(prev);
+                break;
             }
-            Err(e) => {
-                st.observe.upstream(worker.name(), e.label());
-                drop(guard);
-                let err = e.to_api(worker.name());
-                if !matches!(e, UpstreamError::Connect(_)) {
-                    return finish_error(st, plan, err);
-                }
-                if st.router.mark_down(w) {
-                    tracing::warn!(worker = %worker.name(), "connect failed, trying the next candidate: {e}");
-                }
-                // After a failed connect, the client learns about that failure, not about an empty pool.
-                last_error = Some(err);
+            // `prev` drops here, unread: its connection closes and its load is released.
+        }
+        attempts += 1;
+        let body = body_for(st.router.worker(w).engine(), plan, &bytes, &mut spliced);
+        let guard = dispatch(st, plan, &decision, w, attempts == 1);
+        match attempt(st, w, &out, body, guard, admission.is_probe()).await {
+            Ok((resp, guard)) => {
+                drop(admission);
+                return relay(st, plan, resp, w, guard);
             }
+            Err(failed) => last = Some(failed),
         }
     }
-    finish_error(st, plan, last_error.unwrap_or_else(ApiError::no_worker))
+    match last {
+        Some(Failed { answer: Answer::Worker(resp, guard), worker, .. }) => relay(st, plan, resp, worker, guard),
+        Some(Failed { answer: Answer::Ours(err), .. }) => finish_error(st, plan, err),
+        None => finish_error(st, plan, ApiError::no_worker()),
+    }
+}
+
+/// What is sent upstream, besides the body.
+struct Outgoing<'a> {
+    method: &'a Method,
+    path: &'a str,
+    headers: &'a HeaderMap,
+}
+
+/// One upstream attempt on worker `w`: the response to relay, or the failure (fed to the worker's
+/// state either way).
+async fn attempt(
+    st: &AppState,
+    w: usize,
+    out: &Outgoing<'_>,
+    body: Bytes,
+    guard: LoadGuard,
+    probe: bool,
+) -> Result<(reqwest::Response, LoadGuard), Failed> {
+    let worker = st.router.worker(w);
+    let sent_at = Instant::now();
+    match st.upstream.send(worker.url(), out.method.clone(), out.path, out.headers, body).await {
+        Ok(resp) => {
+            st.observe.stage(stage::FORWARD_TTFB, sent_at.elapsed());
+            let Some(reason) = RetryReason::of_status(resp.status()) else {
+                report(st, w, st.router.succeeded(w, probe));
+                return Ok((resp, guard));
+            };
+            // A 429 says "busy", not "broken": it neither ejects nor recovers the worker.
+            if reason == RetryReason::ServerError {
+                report(st, w, st.router.failed(w, Failure::Error, probe));
+            }
+            Err(Failed { reason, answer: Answer::Worker(resp, guard), worker: w })
+        }
+        Err(e) => {
+            st.observe.upstream(worker.name(), e.label());
+            drop(guard);
+            let failure = if matches!(e, UpstreamError::Connect(_)) { Failure::Connect } else { Failure::Error };
+            report(st, w, st.router.failed(w, failure, probe));
+            tracing::warn!(worker = %worker.name(), "upstream attempt failed: {e}");
+            let answer = Answer::Ours(e.to_api(worker.name()));
+            Err(Failed { reason: RetryReason::of_error(&e), answer, worker: w })
+        }
+    }
+}
+
+/// Takes a retry from the budget for the failure `prev`; false (and counted) when it is used up.
+fn spend_retry(st: &AppState, prev: &Failed) -> bool {
+    if !st.retry_budget.try_withdraw() {
+        st.observe.retry_budget_exhausted();
+        return false;
+    }
+    st.observe.retry(prev.reason.label());
+    if let Answer::Worker(resp, _) = &prev.answer {
+        // Its status is counted here, since it is never relayed.
+        st.observe.upstream(st.router.worker(prev.worker).name(), resp.status().as_str());
+    }
+    true
+}
+
+/// The last failed attempt, kept until it is retried (dropped) or returned to the client.
+struct Failed {
+    reason: RetryReason,
+    answer: Answer,
+    worker: usize,
+}
+
+enum Answer {
+    /// The worker's own answer (a 5xx or 429), relayed as it is if no retry follows.
+    Worker(reqwest::Response, LoadGuard),
+    /// No answer (connect error, timeout, transport error): the client gets our error.
+    Ours(ApiError),
+}
+
+/// Logs and counts a worker's state change.
+fn report(st: &AppState, w: usize, t: Option<Transition>) {
+    let name = st.router.worker(w).name();
+    match t {
+        Some(Transition::Ejected { length, clear_index }) => {
+            st.observe.ejected(name);
+            tracing::warn!(worker = %name, ejected_ms = length.as_millis() as u64, clear_index, "worker ejected");
+        }
+        Some(Transition::Recovered) => tracing::info!(worker = %name, "worker recovered (half-open probe succeeded)"),
+        None => {}
+    }
 }
 
 /// The bytes a worker receives: the received ones, except that on the exact route to vLLM each image
@@ -165,11 +253,12 @@ fn dispatch(st: &AppState, plan: &RoutePlan, decision: &Decision, w: usize, firs
 }
 
 /// Streams the worker's answer back; the relay holds the load guard and reports `usage` at the end.
-fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, guard: LoadGuard) -> Response {
+/// The request is counted when its body ends: a body cut by the worker or a timeout counts as
+/// `status="stream_error"` (and feeds the worker's failure record), whatever status went out first.
+fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, w: usize, guard: LoadGuard) -> Response {
     let status = resp.status();
     let worker = guard.worker().name().to_owned();
     st.observe.upstream(&worker, status.as_str());
-    st.observe.finished(plan.route, status.as_u16());
     let mut builder = Response::builder().status(status);
     let sse = resp
         .headers()
@@ -177,10 +266,8 @@ fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, guard: L
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if let Some(h) = builder.headers_mut() {
-        for (name, value) in resp.headers() {
-            if !is_hop_by_hop(name) {
-                h.append(name.clone(), value.clone());
-            }
+        for (name, value) in end_to_end(resp.headers()) {
+            h.append(name.clone(), value.clone());
         }
         h.insert("x-mmrouter-route", HeaderValue::from_static(plan.route.label()));
         if let Ok(v) = HeaderValue::from_str(&worker) {
@@ -188,15 +275,29 @@ fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, guard: L
         }
     }
     let predicted = plan.predicted_prompt_tokens();
-    let drift = st.observe.drift();
+    let (state, route) = (st.clone(), plan.route);
     let on_end = Box::new(move |end: EndReport| {
         if let (Outcome::Complete, Some(actual), Some(pred)) = (end.outcome, end.usage_prompt_tokens, predicted) {
-            drift.record(actual as f64 - f64::from(pred));
+            state.observe.drift().record(actual as f64 - f64::from(pred));
+        }
+        match end.outcome.cut_reason() {
+            Some(reason) => {
+                state.observe.stream_cut(route, reason);
+                // The total timeout is our limit, not the worker's failure.
+                if end.outcome != Outcome::Timeout {
+                    // Never the probe: the probe's outcome was its response head.
+                    report(&state, w, state.router.failed(w, Failure::Error, false));
+                }
+            }
+            None => state.observe.finished(route, status.as_u16()),
         }
     });
-    let deadline = tokio::time::Instant::now() + st.upstream.total_timeout();
+    let limits = RelayLimits {
+        deadline: tokio::time::Instant::now() + st.upstream.total_timeout(),
+        idle: st.upstream.idle_timeout(),
+    };
     let length = resp.content_length();
-    let body = Relay::new(resp.bytes_stream(), deadline, guard, sse, length, on_end);
+    let body = Relay::new(resp.bytes_stream(), limits, guard, sse, length, on_end);
     builder.body(Body::from_stream(body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 

@@ -9,6 +9,7 @@ use mmrouter_core::routing::Router;
 use crate::config::Settings;
 use crate::events::WorkerFeeds;
 use crate::observe::Observer;
+use crate::retry::{RetryBudget, RetryConfig};
 use crate::upstream::Upstream;
 
 /// Everything a request handler needs; shared by all requests.
@@ -18,6 +19,9 @@ pub struct AppState {
     pub pipeline: Pipeline,
     pub upstream: Upstream,
     pub observe: Observer,
+    /// Attempts per request and the proxy-wide retry budget (see [`crate::retry`]).
+    pub retries: RetryConfig,
+    pub retry_budget: RetryBudget,
     pub max_body_bytes: usize,
     /// Permits to plan a large prompt on the blocking pool: one per core, so big prompts queue for
     /// CPU among themselves instead of starving the async workers (`/health`, small requests).
@@ -40,6 +44,8 @@ impl AppState {
             upstream: Upstream::new(&cfg.server)?,
             pipeline,
             observe: Observer::new(),
+            retries: cfg.retries.clone(),
+            retry_budget: RetryBudget::new(&cfg.retries),
             max_body_bytes: cfg.server.max_body_bytes,
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             feeds: OnceLock::new(),

@@ -4,13 +4,19 @@
 //! The relay stream owns the request's [`LoadGuard`], so the worker's load is released exactly when the
 //! response ends — completed, failed, timed out, or dropped because the client went away (dropping the
 //! stream also drops the upstream connection, which cancels the request on the worker).
+//!
+//! A body the worker cuts (transport error) or that stalls longer than `server.upstream_idle_timeout_ms`
+//! between chunks ends honestly: an SSE stream gets an error event and `data: [DONE]` (what vLLM sends
+//! when its generator fails mid-stream), any other body ends with an error, which closes the client's
+//! connection (the status is already sent). Either way the outcome is reported as a failure.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
+use axum::http::header::CONNECTION;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Sleep};
@@ -35,6 +41,20 @@ const HOP_BY_HOP: &[&str] = &[
 
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// The end-to-end headers of `headers`: hop-by-hop ones dropped, and so are the headers the message's
+/// own `Connection` header names (RFC 9110 §7.6.1: they are about this connection only).
+pub fn end_to_end(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    let listed: Vec<String> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    headers.iter().filter(move |(name, _)| !is_hop_by_hop(name) && !listed.iter().any(|l| l == name.as_str()))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +108,7 @@ pub struct Upstream {
     client: reqwest::Client,
     first_byte: Duration,
     total: Duration,
+    idle: Duration,
 }
 
 impl Upstream {
@@ -101,11 +122,21 @@ impl Upstream {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;
-        Ok(Upstream { client, first_byte: cfg.first_byte_timeout, total: cfg.total_timeout })
+        Ok(Upstream {
+            client,
+            first_byte: cfg.first_byte_timeout,
+            total: cfg.total_timeout,
+            idle: cfg.upstream_idle_timeout,
+        })
     }
 
     pub fn total_timeout(&self) -> Duration {
         self.total
+    }
+
+    /// Longest silence allowed between two chunks of a worker's body.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle
     }
 
     /// Sends one request and waits for the response head (bounded by the first-byte timeout).
@@ -119,9 +150,9 @@ impl Upstream {
     ) -> Result<reqwest::Response, UpstreamError> {
         let url = format!("{}{}", base_url.trim_end_matches('/'), path_and_query);
         let mut out = HeaderMap::with_capacity(headers.len());
-        for (name, value) in headers {
+        for (name, value) in end_to_end(headers) {
             // Host and length describe the client's hop; reqwest sets ours from the URL and the bytes.
-            if is_hop_by_hop(name) || name == "host" || name == "content-length" {
+            if name == "host" || name == "content-length" {
                 continue;
             }
             out.append(name.clone(), value.clone());
@@ -152,10 +183,45 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Complete,
+    /// The worker's body failed (connection reset, truncated).
     UpstreamError,
+    /// `server.total_timeout_ms` passed.
     Timeout,
+    /// The worker sent nothing for `server.upstream_idle_timeout_ms`.
+    IdleTimeout,
     /// The client stopped reading (disconnect): the upstream request was dropped with it.
     Cancelled,
+}
+
+impl Outcome {
+    /// The `reason` label of a body cut on the worker's side or by a timeout; `None` for a complete or
+    /// client-cancelled response.
+    pub fn cut_reason(self) -> Option<&'static str> {
+        match self {
+            Outcome::UpstreamError => Some("upstream_error"),
+            Outcome::Timeout => Some("total_timeout"),
+            Outcome::IdleTimeout => Some("idle_timeout"),
+            Outcome::Complete | Outcome::Cancelled => None,
+        }
+    }
+
+    /// What the client is told in the SSE error event.
+    fn api_error(self) -> ApiError {
+        let (status, code, message) = match self {
+            Outcome::Timeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the worker's response exceeded server.total_timeout_ms",
+            ),
+            Outcome::IdleTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_idle_timeout",
+                "the worker sent nothing for server.upstream_idle_timeout_ms",
+            ),
+            _ => (StatusCode::BAD_GATEWAY, "upstream_stream_cut", "the worker's response was cut before its end"),
+        };
+        ApiError::new(status, "server_error", code, message)
+    }
 }
 
 /// What the relay reports when the response is over.
@@ -168,11 +234,26 @@ pub struct EndReport {
 
 type OnEnd = Box<dyn FnOnce(EndReport) + Send>;
 
+/// The time limits of one relayed body.
+#[derive(Clone, Copy, Debug)]
+pub struct RelayLimits {
+    /// The whole response ends by then (`server.total_timeout_ms` after dispatch).
+    pub deadline: Instant,
+    /// Longest silence between chunks (`server.upstream_idle_timeout_ms`).
+    pub idle: Duration,
+}
+
 /// Streams the worker's body through unchanged while watching it for `usage`, holding the load
 /// guard and enforcing the total deadline.
 pub struct Relay<S> {
     inner: S,
     deadline: Pin<Box<Sleep>>,
+    /// Re-armed at every chunk.
+    idle: Pin<Box<Sleep>>,
+    idle_len: Duration,
+    sse: bool,
+    /// The last two bytes relayed (to end a partial SSE event before the error event).
+    tail: [u8; 2],
     guard: Option<LoadGuard>,
     usage: UsageWatch,
     on_end: Option<OnEnd>,
@@ -187,7 +268,7 @@ pub struct Relay<S> {
 impl<S> Relay<S> {
     pub fn new(
         inner: S,
-        deadline: Instant,
+        limits: RelayLimits,
         guard: LoadGuard,
         sse: bool,
         content_length: Option<u64>,
@@ -195,7 +276,11 @@ impl<S> Relay<S> {
     ) -> Self {
         Relay {
             inner,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline: Box::pin(tokio::time::sleep_until(limits.deadline)),
+            idle: Box::pin(tokio::time::sleep(limits.idle)),
+            idle_len: limits.idle,
+            sse,
+            tail: *b"\n\n",
             guard: Some(guard),
             usage: UsageWatch::new(sse),
             on_end: Some(on_end),
@@ -203,6 +288,24 @@ impl<S> Relay<S> {
             remaining: content_length,
             stopped: false,
         }
+    }
+
+    /// Ends a body cut by the worker or a timeout: an SSE stream gets an error event then `[DONE]`,
+    /// any other body an error (the connection closes: the status is already sent).
+    fn cut(&mut self, outcome: Outcome) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        self.stopped = true;
+        self.finish(outcome);
+        let err = outcome.api_error();
+        if !self.sse {
+            return Poll::Ready(Some(Err(std::io::Error::other(err.message))));
+        }
+        let mut event = Vec::new();
+        // A partial event must be ended first, or the error would be glued to its last line.
+        if self.tail != *b"\n\n" {
+            event.extend_from_slice(if self.tail[1] == b'\n' { b"\n" } else { b"\n\n" });
+        }
+        event.extend_from_slice(format!("data: {}\n\ndata: [DONE]\n\n", err.body_json()).as_bytes());
+        Poll::Ready(Some(Ok(Bytes::from(event))))
     }
 
     fn finish(&mut self, outcome: Outcome) {
@@ -233,16 +336,23 @@ where
                 .map(|o| o.map(|r| r.map_err(|e| std::io::Error::other(error_chain(&e)))));
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
-            this.stopped = true;
-            this.finish(Outcome::Timeout);
-            return Poll::Ready(Some(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "worker response exceeded server.total_timeout_ms",
-            ))));
+            return this.cut(Outcome::Timeout);
         }
         match Pin::new(&mut this.inner).poll_next(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if this.idle.as_mut().poll(cx).is_ready() {
+                    return this.cut(Outcome::IdleTimeout);
+                }
+                Poll::Pending
+            }
             Poll::Ready(Some(Ok(chunk))) => {
+                let len = this.idle_len;
+                this.idle.as_mut().reset(Instant::now() + len);
+                match chunk.len() {
+                    0 => {}
+                    1 => this.tail = [this.tail[1], chunk[0]],
+                    n => this.tail = [chunk[n - 2], chunk[n - 1]],
+                }
                 if !this.got_first {
                     this.got_first = true;
                     if let Some(g) = this.guard.as_mut() {
@@ -259,9 +369,8 @@ where
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.stopped = true;
-                this.finish(Outcome::UpstreamError);
-                Poll::Ready(Some(Err(std::io::Error::other(error_chain(&e)))))
+                tracing::warn!("worker body failed: {}", error_chain(&e));
+                this.cut(Outcome::UpstreamError)
             }
             Poll::Ready(None) => {
                 this.stopped = true;
@@ -386,6 +495,66 @@ mod tests {
         let mut w = UsageWatch::new(true);
         w.feed(b"data: {\"choices\":[],\"usage\":null}\n\ndata: [DONE]\n\n");
         assert_eq!(w.finish(), None);
+    }
+
+    /// Relays `first` then a silence, with a short idle timeout; returns the relayed items and the outcome.
+    async fn stall_after(first: &'static [u8], sse: bool) -> (Vec<Result<Bytes, std::io::Error>>, Option<Outcome>) {
+        use futures_util::StreamExt;
+        use mmrouter_core::routing::{Load, Router, RoutingConfig, WorkerSpec};
+        use std::sync::{Arc, Mutex};
+        let router = Router::new(RoutingConfig::default(), vec![WorkerSpec::new("w", "http://127.0.0.1:1")]).unwrap();
+        let guard = router.begin(0, Load { prefill_tokens: 5, decode_tokens: 5, image_tokens: 0 });
+        let ended = Arc::new(Mutex::new(None));
+        let seen = ended.clone();
+        let body = futures_util::stream::iter([Ok::<_, reqwest::Error>(Bytes::from_static(first))])
+            .chain(futures_util::stream::pending());
+        let limits =
+            RelayLimits { deadline: Instant::now() + Duration::from_secs(60), idle: Duration::from_millis(20) };
+        let on_end = Box::new(move |e: EndReport| *seen.lock().unwrap() = Some(e.outcome));
+        let items: Vec<_> = Relay::new(body, limits, guard, sse, None, on_end).collect().await;
+        assert_eq!(router.loads()[0].inflight.requests, 0, "the load is released");
+        let outcome = *ended.lock().unwrap();
+        (items, outcome)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_sse_stream_ends_with_a_whole_error_event_then_done() {
+        let (items, outcome) = stall_after(b"data: {\"partial\":", true).await;
+        assert_eq!(outcome, Some(Outcome::IdleTimeout));
+        let text: String = items.iter().map(|i| String::from_utf8_lossy(i.as_ref().unwrap()).into_owned()).collect();
+        // The partial event is closed first, so the error event is parsed on its own.
+        let events: Vec<&str> = text.split_terminator("\n\n").collect();
+        assert_eq!(events.len(), 3, "{text:?}");
+        assert_eq!(events[0], "data: {\"partial\":");
+        let err: serde_json::Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(err["error"]["code"], "upstream_idle_timeout");
+        assert_eq!(err["error"]["type"], "server_error");
+        assert_eq!(events[2], "data: [DONE]");
+        assert!(text.ends_with("\n\n"));
+        // A stream cut right after a whole event needs no separator.
+        let (items, _) = stall_after(b"data: {}\n\n", true).await;
+        let text: String = items.iter().map(|i| String::from_utf8_lossy(i.as_ref().unwrap()).into_owned()).collect();
+        assert!(text.starts_with("data: {}\n\ndata: {\"error\""), "{text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_plain_body_ends_with_an_error() {
+        let (items, outcome) = stall_after(b"{\"id\":", false).await;
+        assert_eq!(outcome, Some(Outcome::IdleTimeout));
+        assert_eq!(items.len(), 2);
+        assert!(items[1].is_err(), "the client's connection must break, not end cleanly");
+    }
+
+    #[test]
+    fn connection_listed_headers_are_not_end_to_end() {
+        let mut h = HeaderMap::new();
+        h.append(CONNECTION, HeaderValue::from_static("keep-alive, X-Secret"));
+        h.append(CONNECTION, HeaderValue::from_static("x-other"));
+        for name in ["x-secret", "x-other", "keep-alive", "content-type", "x-public"] {
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+        }
+        let kept: Vec<&str> = end_to_end(&h).map(|(n, _)| n.as_str()).collect();
+        assert_eq!(kept, vec!["content-type", "x-public"]);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod accounting_cli;
 mod cli;
 mod conn;
 mod count_cli;
+mod faults;
 mod gate;
 mod harness;
 mod kv_events;

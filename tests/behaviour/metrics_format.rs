@@ -16,7 +16,7 @@ use crate::harness;
 const MODEL: &str = "Qwen/Qwen3-VL-8B-Instruct";
 
 /// Every metric family of the design; the text must describe and sample each one.
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     m::REQUESTS_TOTAL,
     m::MM_FALLBACK_TOTAL,
     m::IMAGE_TOKENS_PER_REQUEST,
@@ -31,6 +31,7 @@ const FAMILIES: [&str; 14] = [
     m::INDEX_BLOCKS,
     m::UPSTREAM_REQUESTS_TOTAL,
     m::INDEX_BLOCKS_BY_SOURCE,
+    m::WORKER_STATE,
 ];
 
 const STAGES: [&str; 5] =

@@ -145,9 +145,19 @@ pub struct SimOptions {
     /// Cap on output tokens per request.
     #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_TOKENS)]
     pub max_output_tokens: u32,
-    /// Fault: fraction (0..1) of completion requests answered 500.
+    /// Fault: fraction (0..1) of completion requests answered with `--error-status` (500 by default).
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,
+    /// Fault: the HTTP status of `--error-rate` answers (5xx, or 429 to simulate rate limiting).
+    #[arg(long, default_value_t = 500)]
+    pub error_status: u16,
+    /// Fault: a `retry-after` header (seconds) on `--error-rate` answers.
+    #[arg(long)]
+    pub error_retry_after_secs: Option<u64>,
+    /// Fault: streamed answers send this many tokens, then stall (send nothing, keep the connection
+    /// open) until the client goes away or the sim shuts down.
+    #[arg(long)]
+    pub stall_after_tokens: Option<u32>,
     /// Fault: milliseconds added before the first byte of every completion response.
     #[arg(long, default_value_t = 0)]
     pub extra_delay_ms: u64,
@@ -226,6 +236,9 @@ impl Default for SimOptions {
             default_output_tokens: DEFAULT_OUTPUT_TOKENS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             error_rate: 0.0,
+            error_status: 500,
+            error_retry_after_secs: None,
+            stall_after_tokens: None,
             extra_delay_ms: 0,
             drop_mid_stream_rate: 0.0,
             usage_drift: 0,
@@ -271,6 +284,9 @@ impl SimOptions {
                 return Err(invalid(flag, "must be a fraction between 0 and 1"));
             }
         }
+        if !(self.error_status == 429 || (500..=599).contains(&self.error_status)) {
+            return Err(invalid("error-status", "must be 429 or a 5xx status"));
+        }
         if axum::http::HeaderValue::from_str(&self.name).is_err() {
             return Err(invalid("name", "must be usable as an HTTP header value"));
         }
@@ -301,6 +317,8 @@ pub enum SimError {
     NotFound { method: String, path: String },
     #[error("simulated worker failure (--error-rate)")]
     InjectedError,
+    #[error("simulated rate limit (--error-rate with --error-status 429)")]
+    RateLimited,
     #[error("simulated connection drop mid-stream (--drop-mid-stream-rate)")]
     StreamDropped,
     #[error("the simulated worker is shutting down")]
@@ -320,6 +338,7 @@ impl SimError {
             Self::BodyRead(_) => "body_read_failed",
             Self::NotFound { .. } => "not_found",
             Self::InjectedError => "injected_error",
+            Self::RateLimited => "rate_limited",
             Self::StreamDropped => "stream_dropped",
             Self::ShuttingDown => "shutting_down",
             Self::InvalidOption { .. } => "invalid_option",
@@ -400,6 +419,11 @@ impl SimHandle {
     /// counted, every later batch reaches it: tests wait for this instead of sleeping.
     pub fn kv_event_subscriptions(&self) -> u64 {
         self.events.as_ref().map_or(0, events::Sockets::subscriptions)
+    }
+
+    /// Changes `--error-rate` while running (clamped to 0..1): a worker that starts or stops failing.
+    pub fn set_error_rate(&self, rate: f64) {
+        self.state.set_error_rate(rate);
     }
 
     /// Changes `--kv-events-drop-rate` while running (clamped to 0..1).

@@ -62,6 +62,8 @@ pub(crate) struct AppState {
     events: Option<Publisher>,
     slots: Arc<Semaphore>,
     dice: Dice,
+    /// `--error-rate` as f64 bits; changeable while running.
+    error_rate: AtomicU64,
     counters: Counters,
     next_id: AtomicU64,
     /// When the worker's prefill compute is next free (prefill contention).
@@ -80,6 +82,7 @@ impl AppState {
             events,
             slots: Arc::new(Semaphore::new(opts.max_running.min(Semaphore::MAX_PERMITS))),
             dice: Dice::new(opts.seed),
+            error_rate: AtomicU64::new(opts.error_rate.to_bits()),
             counters: Counters::default(),
             next_id: AtomicU64::new(0),
             prefill_free_at: Mutex::new(tokio::time::Instant::now()),
@@ -120,6 +123,14 @@ impl AppState {
             kv_batches_dropped: self.events.as_ref().map_or(0, |e| e.counters.dropped.load(Relaxed)),
             kv_batches_overflowed: self.events.as_ref().map_or(0, |e| e.counters.overflowed.load(Relaxed)),
         }
+    }
+
+    pub fn set_error_rate(&self, rate: f64) {
+        self.error_rate.store(rate.clamp(0.0, 1.0).to_bits(), Relaxed);
+    }
+
+    fn error_rate(&self) -> f64 {
+        f64::from_bits(self.error_rate.load(Relaxed))
     }
 
     pub fn set_kv_events_drop_rate(&self, rate: f64) {
@@ -405,6 +416,7 @@ impl IntoResponse for SimError {
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
             Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+            Self::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             Self::InjectedError | Self::StreamDropped | Self::InvalidOption { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
             }
@@ -458,9 +470,9 @@ async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Respo
         Ok(job) => job,
         Err(e) => return e.into_response(),
     };
-    if state.dice.roll(state.opts.error_rate) {
+    if state.dice.roll(state.error_rate()) {
         state.counters.errors_injected.fetch_add(1, Relaxed);
-        return SimError::InjectedError.into_response();
+        return injected_error(&state.opts);
     }
     let tracker = Tracker::new(&state);
     if job.stream {
@@ -470,6 +482,17 @@ async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Respo
         Ok(body) => Json(body).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// An `--error-rate` answer: `--error-status`, with `retry-after` when asked for.
+fn injected_error(opts: &SimOptions) -> Response {
+    let err = if opts.error_status == 429 { SimError::RateLimited } else { SimError::InjectedError };
+    let mut resp = err.into_response();
+    *resp.status_mut() = StatusCode::from_u16(opts.error_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(secs) = opts.error_retry_after_secs {
+        resp.headers_mut().insert("retry-after", HeaderValue::from(secs));
+    }
+    resp
 }
 
 fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimError> {
@@ -643,6 +666,12 @@ impl Generation {
                         // Not the client's doing: do not count it as cancelled.
                         self.tracker.finish();
                         return Some(Err(SimError::StreamDropped));
+                    }
+                    if opts.stall_after_tokens == Some(i) {
+                        // Stalls until the sim is told to cut its streams (shutdown).
+                        if let Err(e) = self.state.pause(Duration::MAX).await {
+                            return Some(Err(e));
+                        }
                     }
                     if i > 0 {
                         if let Err(e) = self.state.pause(decode_delay(opts)).await {

@@ -1,12 +1,15 @@
 //! Pipeline step 4, **select**: choose the worker for a request from the block index (who holds how
 //! much of the prompt) and the in-flight load (who is busy), under the configured policy.
 //!
-//! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the healthy workers (a
-//! [`Decision`] whose `candidates` a retry walks in order) → [`Router::begin`] (hold the load until the
-//! response ends) → [`Router::record`] (remember what the chosen worker now caches: `Pending` until its
-//! events confirm it if the worker publishes KV events, `Approximate` otherwise). A worker's event feed
-//! reports through [`Router::store_events`], [`Router::remove_events`] and [`Router::clear_worker`].
-//! Parts: [`worker`] (a worker owns its health, load and event-feed flag), [`index`] (chained block keys →
+//! The proxy uses the [`Router`] facade only: [`Router::select`] ranks the selectable workers (a
+//! [`Decision`] whose `candidates` a retry walks in order) → [`Router::admit`] (the worker's state still
+//! allows a request: not ejected since, or the half-open probe is free) → [`Router::begin`] (hold the
+//! load until the response ends) → [`Router::record`] (remember what the chosen worker now caches:
+//! `Pending` until its events confirm it if the worker publishes KV events, `Approximate` otherwise) →
+//! [`Router::succeeded`] / [`Router::failed`] (the outcome, which may eject or recover the worker). A
+//! worker's event feed reports through [`Router::store_events`], [`Router::remove_events`] and
+//! [`Router::clear_worker`]. Parts: [`worker`] (a worker owns its availability, load and event-feed
+//! flag), [`outlier`] (the availability state machine: healthy / ejected / half-open / down), [`index`] (chained block keys →
 //! (worker, source) entries, TTLs + global LRU budget), [`load`] (in-flight counters and the RAII guard),
 //! and one file per policy behind the `Policy` trait (`policy.rs`).
 //!
@@ -19,17 +22,20 @@ pub mod index;
 mod kv;
 mod least_loaded;
 pub mod load;
+pub mod outlier;
 mod policy;
 mod round_robin;
 pub mod worker;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
-pub use worker::{Engine, LoadGuard, Worker, WorkerSpec};
+pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
+pub use worker::{Admission, Engine, LoadGuard, Worker, WorkerSpec};
 
 use policy::{Candidates, Policy};
 
@@ -66,6 +72,8 @@ pub struct RoutingConfig {
     /// Seconds a dispatch to a worker that publishes KV events counts as cached there until its own
     /// event confirms it (`Pending` entries); unconfirmed, it expires.
     pub pending_ttl_secs: u64,
+    /// `[routing.ejection]`: passive outlier detection (see [`outlier`]).
+    pub ejection: EjectionConfig,
 }
 
 impl Default for RoutingConfig {
@@ -79,6 +87,7 @@ impl Default for RoutingConfig {
             index_max_blocks: 1_000_000,
             index_ttl_secs: 600,
             pending_ttl_secs: 30,
+            ejection: EjectionConfig::default(),
         }
     }
 }
@@ -97,6 +106,8 @@ pub enum RoutingError {
     TooManyWorkers { got: usize, max: usize },
     #[error("worker name {name:?} appears more than once in [[workers]]")]
     DuplicateWorker { name: String },
+    #[error("routing.{0}")]
+    Ejection(#[from] EjectionError),
 }
 
 impl RoutingError {
@@ -107,6 +118,7 @@ impl RoutingError {
             RoutingError::OutOfRange { .. } => "out_of_range",
             RoutingError::TooManyWorkers { .. } => "too_many_workers",
             RoutingError::DuplicateWorker { .. } => "duplicate_worker",
+            RoutingError::Ejection(e) => e.label(),
         }
     }
 }
@@ -137,6 +149,7 @@ impl RoutingConfig {
                 return Err(RoutingError::OutOfRange { key, min: 1, max: u64::from(u32::MAX), value });
             }
         }
+        self.ejection.validate()?;
         Ok(())
     }
 }
@@ -187,6 +200,7 @@ pub struct Router {
     workers: Vec<Arc<Worker>>,
     index: BlockIndex,
     policy: Box<dyn Policy>,
+    ejection: EjectionConfig,
 }
 
 impl Router {
@@ -217,6 +231,7 @@ impl Router {
             index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs),
             workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
             policy,
+            ejection: cfg.ejection,
         })
     }
 
@@ -229,9 +244,11 @@ impl Router {
         &self.workers[id]
     }
 
-    /// Ranks the healthy workers for a request; `None` if none is healthy.
+    /// Ranks the selectable workers (healthy, or half-open with no probe out) for a request; `None`
+    /// if there is none.
     pub fn select(&self, req: &SelectRequest<'_>) -> Option<Decision> {
-        let eligible: Vec<bool> = self.workers.iter().map(|w| w.is_healthy()).collect();
+        let now = Instant::now();
+        let eligible: Vec<bool> = self.workers.iter().map(|w| w.selectable(now)).collect();
         if !eligible.contains(&true) {
             return None;
         }
@@ -291,19 +308,52 @@ impl Router {
         self.index.remove_worker(worker);
     }
 
-    /// Takes `worker` out of rotation and forgets its blocks (it died, or stopped answering: it may
-    /// come back with an empty cache). Returns true if it was healthy until now.
+    /// The active health check failed: `worker` is down and its blocks are forgotten (it died, or
+    /// stopped answering: it may come back with an empty cache). Returns true if it was up until now.
     pub fn mark_down(&self, worker: usize) -> bool {
-        let was = self.workers[worker].set_healthy(false);
-        if was {
+        let changed = self.workers[worker].with_outlier(|o| o.checked(false, Instant::now()));
+        if changed {
             self.clear_worker(worker);
         }
-        was
+        changed
     }
 
-    /// Puts `worker` back into rotation. Returns true if it was down until now.
+    /// The active health check passed: a down or half-open worker is healthy again (an ejected one
+    /// serves its back-off first). Returns true if that changed its state.
     pub fn mark_up(&self, worker: usize) -> bool {
-        !self.workers[worker].set_healthy(true)
+        self.workers[worker].with_outlier(|o| o.checked(true, Instant::now()))
+    }
+
+    /// Claims the right to send one request to `worker` now; `None` if its state refuses (ejected,
+    /// down, or half-open with its probe already out).
+    pub fn admit(&self, worker: usize) -> Option<Admission> {
+        let w = &self.workers[worker];
+        let probe = w.with_outlier(|o| o.admit(Instant::now()))?;
+        Some(Admission::new(w.clone(), probe))
+    }
+
+    /// A request to `worker` got a good answer; `probe` (see [`Admission::is_probe`]): the half-open
+    /// worker's probe, which makes it healthy again.
+    pub fn succeeded(&self, worker: usize, probe: bool) -> Option<Transition> {
+        self.workers[worker].with_outlier(|o| o.succeeded(probe))
+    }
+
+    /// A request to `worker` failed; may eject it (within the pool's ejection cap), or eject it again
+    /// for longer if it was the `probe`. An ejection for refused connections forgets the worker's
+    /// blocks; any other keeps them for its return.
+    pub fn failed(&self, worker: usize, failure: Failure, probe: bool) -> Option<Transition> {
+        let now = Instant::now();
+        let out = self
+            .workers
+            .iter()
+            .filter(|w| !w.is_healthy() && matches!(w.availability(), Availability::Ejected | Availability::HalfOpen))
+            .count();
+        let may_eject = out < self.ejection.max_ejected(self.workers.len());
+        let t = self.workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, probe, now));
+        if let Some(Transition::Ejected { clear_index: true, .. }) = t {
+            self.clear_worker(worker);
+        }
+        t
     }
 
     /// Block keys the index holds.
@@ -416,6 +466,62 @@ mod tests {
         assert_eq!(rank(2, &costs, &eligible), vec![2, 4, 0, 1]);
         assert_eq!(rank(0, &[0.0; 3], &[true; 3]), vec![0, 1, 2]);
         assert_eq!(rank(1, &[0.0; 3], &[true; 3]), vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn ejection_keeps_the_index_a_refused_connection_clears_it_and_the_pool_cap_holds() {
+        let ejection = EjectionConfig { consecutive_failures: 2, base_ejection_ms: 60_000, ..Default::default() };
+        let cfg = RoutingConfig { ejection, ..RoutingConfig::default() };
+        let r = Router::new(cfg, specs(&["a", "b", "c", "d"])).unwrap();
+        let blocks = [11, 12, 13];
+        let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0 };
+        for w in 0..4 {
+            r.record(w, &blocks);
+        }
+        assert_eq!(r.failed(0, Failure::Error, false), None);
+        assert!(matches!(r.failed(0, Failure::Error, false), Some(Transition::Ejected { clear_index: false, .. })));
+        let d = r.select(&req).unwrap();
+        assert!(!d.candidates.contains(&0), "an ejected worker is not ranked");
+        assert!(r.admit(0).is_none());
+        assert_eq!(r.worker(0).availability(), Availability::Ejected);
+        r.mark_up(0); // a passing health check does not cut the back-off short
+        assert_eq!(r.worker(0).availability(), Availability::Ejected);
+        // Its cache is remembered for its return.
+        assert_eq!(d.overlap_blocks[0], 3);
+        // 50 % of 4: a second ejection is allowed, a third is not (unless connections are refused).
+        r.failed(1, Failure::Error, false);
+        assert!(r.failed(1, Failure::Error, false).is_some());
+        r.failed(2, Failure::Error, false);
+        assert_eq!(r.failed(2, Failure::Error, false), None, "the pool cap holds");
+        assert!(matches!(r.failed(2, Failure::Connect, false), Some(Transition::Ejected { clear_index: true, .. })));
+        assert_eq!(r.select(&req).unwrap().candidates, vec![3]);
+        assert_eq!(r.select(&req).unwrap().overlap_blocks[2], 0, "a refused connection forgets the worker's cache");
+        // A failed health check takes the last one down.
+        assert!(r.mark_down(3));
+        assert!(r.select(&req).is_none());
+    }
+
+    #[test]
+    fn a_half_open_worker_takes_one_probe_at_a_time() {
+        let ejection = EjectionConfig { consecutive_failures: 1, base_ejection_ms: 30, ..Default::default() };
+        let r = Router::new(RoutingConfig { ejection, ..RoutingConfig::default() }, specs(&["a", "b"])).unwrap();
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0 };
+        assert!(r.failed(0, Failure::Error, false).is_some());
+        while r.worker(0).availability() == Availability::Ejected {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(r.select(&req).unwrap().candidates.contains(&0));
+        let probe = r.admit(0).expect("the probe");
+        assert!(probe.is_probe());
+        assert!(!r.select(&req).unwrap().candidates.contains(&0), "its probe is out");
+        assert!(r.admit(0).is_none());
+        drop(probe); // the client went away: the next request probes
+        let probe = r.admit(0).expect("the probe again");
+        assert_eq!(r.succeeded(0, false), None, "only the probe's answer recovers it");
+        assert_eq!(r.succeeded(0, probe.is_probe()), Some(Transition::Recovered));
+        drop(probe);
+        assert!(r.worker(0).is_healthy());
+        assert!(!r.admit(0).expect("full traffic").is_probe());
     }
 
     #[test]

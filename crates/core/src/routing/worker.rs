@@ -8,12 +8,15 @@
 //! upstream error, timeout, client disconnect (the body is dropped) — and never twice (peers leaked
 //! load on some of these paths).
 //!
-//! Health has one writer API ([`super::Router::mark_down`] / [`super::Router::mark_up`]) so every
-//! path that learns a worker is gone (active health checks, a failed connect) does the same thing:
-//! flip the flag and forget the worker's index entries.
+//! Availability is one state machine ([`super::outlier`]) fed through the router by both the active
+//! health checks ([`super::Router::mark_down`] / [`super::Router::mark_up`]) and request outcomes
+//! ([`super::Router::succeeded`] / [`super::Router::failed`]); selection admits only what it allows.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::outlier::{Availability, Outlier};
 
 use super::load::{InFlight, Load, LoadCounters};
 
@@ -49,6 +52,8 @@ pub enum Engine {
 #[derive(Debug)]
 pub struct Worker {
     spec: WorkerSpec,
+    outlier: Mutex<Outlier>,
+    /// Mirrors "the state machine says plain Healthy", so selection skips the lock in the common case.
     healthy: AtomicBool,
     publishes_events: AtomicBool,
     pub(crate) load: LoadCounters,
@@ -69,6 +74,7 @@ impl Worker {
     pub fn new(spec: WorkerSpec) -> Worker {
         Worker {
             spec,
+            outlier: Mutex::new(Outlier::new()),
             healthy: AtomicBool::new(true),
             publishes_events: AtomicBool::new(false),
             load: LoadCounters::default(),
@@ -88,13 +94,27 @@ impl Worker {
         self.spec.engine
     }
 
+    /// Plainly healthy: full traffic (not ejected, half-open or down).
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    /// Sets the flag; returns the previous value.
-    pub(crate) fn set_healthy(&self, healthy: bool) -> bool {
-        self.healthy.swap(healthy, Ordering::Relaxed)
+    /// Where the worker is in its state machine now.
+    pub fn availability(&self) -> Availability {
+        self.with_outlier(|o| o.availability(Instant::now()))
+    }
+
+    /// May selection rank this worker now (healthy, or half-open with no probe out)?
+    pub fn selectable(&self, now: Instant) -> bool {
+        self.is_healthy() || self.with_outlier(|o| o.selectable(now))
+    }
+
+    /// Runs `f` on the state machine and refreshes the lock-free mirror.
+    pub(crate) fn with_outlier<R>(&self, f: impl FnOnce(&mut Outlier) -> R) -> R {
+        let mut o = self.outlier.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut o);
+        self.healthy.store(o.is_healthy(), Ordering::Relaxed);
+        r
     }
 
     /// True while the router follows this worker's KV-cache events: a dispatch is then recorded as
@@ -136,6 +156,36 @@ impl Worker {
     /// exported from then on, so a text-only or fallback worker never shows one).
     pub fn has_carried_images(&self) -> bool {
         self.load.has_carried_images()
+    }
+}
+
+/// The right to send one request to a worker ([`super::Router::admit`]). For a half-open worker it is
+/// the probe: dropping it before the outcome was reported gives the probe back (the client went away),
+/// so the worker is not left waiting for an answer that never comes.
+#[must_use = "dropping the admission gives a probe back"]
+#[derive(Debug)]
+pub struct Admission {
+    worker: Arc<Worker>,
+    probe: bool,
+}
+
+impl Admission {
+    pub(crate) fn new(worker: Arc<Worker>, probe: bool) -> Admission {
+        Admission { worker, probe }
+    }
+
+    /// This request is the half-open worker's probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.probe {
+            // A no-op once the outcome moved the worker out of "half-open, probing".
+            self.worker.with_outlier(Outlier::release_probe);
+        }
     }
 }
 

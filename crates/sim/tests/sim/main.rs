@@ -385,6 +385,50 @@ async fn error_rate_one_answers_500() {
 }
 
 #[tokio::test]
+async fn error_status_429_carries_retry_after() {
+    let sim = start(SimOptions { error_rate: 1.0, error_status: 429, error_retry_after_secs: Some(7), ..fast() }).await;
+    let resp = post(&sim, CHAT, &chat_body("hello", json!({}))).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(header(&resp, "retry-after"), "7");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "rate_limited");
+    let bad = SimOptions { error_status: 404, ..fast() };
+    assert_eq!(bad.validate().map_err(|e| e.label()), Err("invalid_option"));
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn error_rate_changes_while_running() {
+    let sim = start(SimOptions { error_rate: 1.0, ..fast() }).await;
+    let body = chat_body("hello", json!({"max_tokens": 2}));
+    assert_eq!(post(&sim, CHAT, &body).await.status(), 500);
+    sim.set_error_rate(0.0);
+    assert_eq!(post(&sim, CHAT, &body).await.status(), 200);
+    sim.set_error_rate(1.0);
+    assert_eq!(post(&sim, CHAT, &body).await.status(), 500);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn stall_after_tokens_keeps_the_stream_open_and_silent() {
+    let sim = start(SimOptions { stall_after_tokens: Some(2), ..fast() }).await;
+    let body = chat_body("hello there", json!({"max_tokens": 10, "stream": true}));
+    let mut resp = post(&sim, CHAT, &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut received = Vec::new();
+    // Role chunk and two tokens arrive; then nothing more (the read below never completes).
+    while received.iter().filter(|&&b| b == b'\n').count() < 6 {
+        received.extend_from_slice(&resp.chunk().await.expect("chunk").expect("bytes"));
+    }
+    let more = tokio::time::timeout(Duration::from_millis(300), resp.chunk()).await;
+    assert!(more.is_err(), "the stream must stall, got {more:?}");
+    assert_eq!(sim.stats().generation_tokens, 2);
+    drop(resp);
+    assert!(eventually(async || sim.stats().cancelled == 1).await, "{:?}", sim.stats());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
 async fn drop_mid_stream_truncates_the_stream() {
     let sim = start(SimOptions { drop_mid_stream_rate: 1.0, decode_ms_per_token: 1, ..fast() }).await;
     let body = chat_body("hello there", json!({"max_tokens": 10, "stream": true}));
