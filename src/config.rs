@@ -38,6 +38,7 @@ pub struct ConfigFile {
     pub media: MediaConfig,
     #[serde(default)]
     pub auth: AuthSection,
+    #[serde(default)]
     pub retries: RetryConfig,
 }
 
