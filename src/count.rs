@@ -35,6 +35,7 @@ pub struct CountRow {
 pub fn run_count(
     model_dir: &str,
     family: Option<&str>,
+    processor_kwargs: Option<&str>,
     sizes: &[String],
     files: &[PathBuf],
     json: bool,
@@ -43,13 +44,27 @@ pub fn run_count(
         .map(|f| f.parse::<Family>().map_err(|_| anyhow::anyhow!("--family: unknown family '{f}'")))
         .transpose()?;
     let source = ModelSource::parse(model_dir).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
+    let kwargs = parse_kwargs(processor_kwargs)?;
     let counter = source
-        .load_counter(family, &Map::new())
+        .load_counter(family, &kwargs)
         .with_context(|| format!("loading the image-token counter for --model-dir {model_dir}"))?;
     let rows = count_rows(&counter, sizes, files);
     let out = if json { render_json(&rows)? } else { render_table(&counter, &rows) };
     print!("{out}");
     Ok(if rows.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
+}
+
+/// `--processor-kwargs`: a JSON object (the same keys as the workers' `--mm-processor-kwargs` and the
+/// config's `processor_kwargs`), or none.
+fn parse_kwargs(json: Option<&str>) -> anyhow::Result<Map<String, serde_json::Value>> {
+    match json {
+        None => Ok(Map::new()),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => Ok(map),
+            Ok(_) => anyhow::bail!("--processor-kwargs: expected a JSON object, e.g. '{{\"max_pixels\": 1003520}}'"),
+            Err(e) => anyhow::bail!("--processor-kwargs: invalid JSON: {e}"),
+        },
+    }
 }
 
 /// Counts every input: sizes first, then files, in order.

@@ -60,6 +60,10 @@ enum Cmd {
         /// Accounting family override (auto-detected by default).
         #[arg(long)]
         family: Option<String>,
+        /// A JSON object mirroring the workers' `--mm-processor-kwargs` (the pool's
+        /// `processor_kwargs`), e.g. '{"max_pixels": 1003520}' or '{"tokenizer_mode": "mistral"}'.
+        #[arg(long, value_name = "JSON")]
+        processor_kwargs: Option<String>,
         /// An image size WIDTHxHEIGHT (repeatable).
         #[arg(long = "size")]
         sizes: Vec<String>,
@@ -77,8 +81,8 @@ fn main() -> ExitCode {
         mmrouter::logging::init(false);
     }
     let result = match cli.cmd {
-        Cmd::Count { model_dir, family, sizes, files, json } => {
-            mmrouter::count::run_count(&model_dir, family.as_deref(), &sizes, &files, json)
+        Cmd::Count { model_dir, family, processor_kwargs, sizes, files, json } => {
+            mmrouter::count::run_count(&model_dir, family.as_deref(), processor_kwargs.as_deref(), &sizes, &files, json)
         }
         Cmd::Workload(opts) => mmrouter_loadgen::generate_workload(&opts).map(|n| {
             eprintln!("wrote {n} requests");

@@ -69,12 +69,12 @@ fn rows_follow_input_order_and_report_reasons() {
 #[test]
 fn exit_code_reflects_failures() {
     let dir = qwen_dir();
-    let ok = run_count(dir.path().to_str().unwrap(), None, &["28x28".to_string()], &[], true).unwrap();
+    let ok = run_count(dir.path().to_str().unwrap(), None, None, &["28x28".to_string()], &[], true).unwrap();
     assert_eq!(ok, 0);
-    let failed = run_count(dir.path().to_str().unwrap(), None, &["0x28".to_string()], &[], false).unwrap();
+    let failed = run_count(dir.path().to_str().unwrap(), None, None, &["0x28".to_string()], &[], false).unwrap();
     assert_eq!(failed, 1);
     let missing = tempfile::tempdir().unwrap();
-    assert!(run_count(missing.path().to_str().unwrap(), None, &[], &[], true).is_err());
+    assert!(run_count(missing.path().to_str().unwrap(), None, None, &[], &[], true).is_err());
 }
 
 #[test]

@@ -74,3 +74,63 @@ fn real_photos_are_probed_to_their_stored_size() {
         assert!(row["feature_tokens"].as_u64().unwrap() > 0);
     }
 }
+
+#[test]
+fn processor_kwargs_mirror_the_pool_mistral_rounding_included() {
+    let golden: Value =
+        serde_json::from_str(include_str!("../fixtures/image_tokens.json")).expect("golden file parses");
+    let p = &golden["profiles"]["mistral_small_3_1"];
+    let dir = tempfile::tempdir().unwrap();
+    for (file, key) in [("preprocessor_config.json", "preprocessor_config"), ("config.json", "config")] {
+        std::fs::write(dir.path().join(file), p[key].to_string()).unwrap();
+    }
+    let cases = p["cases"].as_array().unwrap();
+    let field = p["counts"].as_str().unwrap();
+    let count = |kwargs: Option<&str>| {
+        let mut args = vec!["--model-dir".to_owned(), dir.path().display().to_string(), "--json".to_owned()];
+        if let Some(k) = kwargs {
+            args.extend(["--processor-kwargs".to_owned(), k.to_owned()]);
+        }
+        for c in cases {
+            args.extend(["--size".to_owned(), format!("{}x{}", c[0], c[1])]);
+        }
+        run_count(&args).1
+    };
+    // As vLLM --tokenizer-mode mistral serves it: every golden case.
+    let rows = count(Some(r#"{"tokenizer_mode": "mistral"}"#));
+    assert_eq!(rows.len(), cases.len());
+    for (c, row) in cases.iter().zip(&rows) {
+        if c[2].is_null() {
+            assert!(row["error"].is_string(), "{c}: {row}");
+        } else {
+            assert_eq!(row[field], c[2], "{c}: {row}");
+        }
+    }
+    // The HF files alone imply HF rounding: some golden sizes then count differently.
+    let hf = count(None);
+    let differ = cases.iter().zip(&hf).filter(|(c, row)| row[field] != c[2]).count();
+    assert!(differ > 0, "the kwargs changed nothing: the test would not see a missing flag");
+}
+
+#[test]
+fn processor_kwargs_must_be_a_json_object() {
+    for bad in ["[1]", "{not json", "3"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+            .args(["count", "--model-dir", "qwen3-vl", "--size", "64x64", "--processor-kwargs", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--processor-kwargs"), "{bad}");
+    }
+    // A Qwen pixel budget changes the count as the workers' --mm-processor-kwargs would.
+    let args = |k: &str| -> Vec<String> {
+        ["--model-dir", "qwen3-vl", "--json", "--size", "1920x1080", "--processor-kwargs", k]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let default = run_count(&args("{}")).1;
+    let small = run_count(&args(r#"{"max_pixels": 200704}"#)).1;
+    let tokens = |rows: &[Value]| rows[0]["expansion_tokens"].as_u64().unwrap();
+    assert!(tokens(&small) < tokens(&default), "{small:?} vs {default:?}");
+}
