@@ -8,6 +8,7 @@
 //!
 //! Every invalid value is reported with the key that holds it.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -34,12 +35,32 @@ pub struct ConfigFile {
     pub workers: Vec<WorkerSection>,
     #[serde(default)]
     pub routing: RoutingConfig,
+    /// Several models behind one router: each pool its model, its served names and its workers. Absent:
+    /// `[model]` and `[[workers]]` are the one pool, serving any `model`.
+    #[serde(default)]
+    pub pools: Vec<PoolSection>,
     #[serde(default)]
     pub media: MediaConfig,
     #[serde(default)]
     pub auth: AuthSection,
     #[serde(default)]
     pub retries: RetryConfig,
+}
+
+/// One `[[pools]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// The pool's name (logs, metrics).
+    pub name: String,
+    /// The request `model` values this pool serves: its served model name(s) and aliases. The model's
+    /// `lora_adapters` are served by the pool too.
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub model: ModelSection,
+    pub workers: Vec<WorkerSection>,
+    /// The pool's routing; default: the top-level `[routing]`.
+    pub routing: Option<RoutingConfig>,
 }
 
 /// `[server]`.
@@ -247,11 +268,29 @@ pub struct WorkerSettings {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub server: ServerSettings,
+    /// At least one; names, served models and worker names unique across pools.
+    pub pools: Vec<PoolSettings>,
+    pub auth: AuthSettings,
+    pub retries: RetryConfig,
+}
+
+/// One pool, validated: a model (with the media settings), its served names, its workers, its routing.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    pub name: String,
+    /// Request `model` values routed here (LoRA adapters included); empty: every model (the one pool
+    /// of a config without `[[pools]]`).
+    pub models: Vec<String>,
     pub pipeline: PipelineConfig,
     pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
-    pub auth: AuthSettings,
-    pub retries: RetryConfig,
+}
+
+impl PoolSettings {
+    /// What routing knows of each worker.
+    pub fn worker_specs(&self) -> Vec<WorkerSpec> {
+        self.workers.iter().map(|w| w.spec.clone()).collect()
+    }
 }
 
 /// `[server]`, typed.
@@ -330,19 +369,24 @@ impl Default for ServerSettings {
 impl Settings {
     /// Settings for `model` over `workers` (approximate mode) with every other value at its default.
     pub fn new(model: ModelSpec, workers: Vec<WorkerSpec>) -> Settings {
-        Settings {
-            server: ServerSettings::default(),
+        let pool = PoolSettings {
+            name: model.name.clone(),
+            models: Vec::new(),
             pipeline: PipelineConfig { model, media: MediaConfig::default() },
             workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
+        };
+        Settings {
+            server: ServerSettings::default(),
+            pools: vec![pool],
             auth: AuthSettings::default(),
             retries: RetryConfig::default(),
         }
     }
 
-    /// What routing knows of each worker.
-    pub fn worker_specs(&self) -> Vec<WorkerSpec> {
-        self.workers.iter().map(|w| w.spec.clone()).collect()
+    /// The first pool (the only one of a config without `[[pools]]`).
+    pub fn pool(&mut self) -> &mut PoolSettings {
+        &mut self.pools[0]
     }
 
     /// Reads and validates a config file; the error names the file and the offending key.
@@ -362,20 +406,25 @@ impl Settings {
     /// Validates every section into its typed form.
     pub fn from_file(file: ConfigFile) -> anyhow::Result<Settings> {
         let server = server_settings(&file.server)?;
-        let model = model_spec(&file.model)?;
-        let workers = worker_specs(&file.workers)?;
         file.routing.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.media.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let auth = auth_settings(&file.auth)?;
         file.retries.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Settings {
-            server,
-            pipeline: PipelineConfig { model, media: file.media },
-            workers,
-            routing: file.routing,
-            auth,
-            retries: file.retries,
-        })
+        let pools = if file.pools.is_empty() {
+            let model = model_spec(&file.model)?;
+            let workers = worker_specs(&file.workers)?;
+            let name = model.name.clone();
+            let pipeline = PipelineConfig { model, media: file.media };
+            vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing }]
+        } else {
+            if !file.workers.is_empty() {
+                anyhow::bail!(
+                    "pools: with [[pools]], workers belong to their pool ([[pools.workers]]), not [[workers]]"
+                );
+            }
+            pool_settings(&file.pools, &file.media, &file.routing)?
+        };
+        Ok(Settings { server, pools, auth, retries: file.retries })
     }
 }
 
@@ -550,6 +599,39 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
     })
 }
 
+/// `[[pools]]`, validated: names, served models and worker names unique across pools.
+fn pool_settings(
+    pools: &[PoolSection],
+    media: &MediaConfig,
+    routing: &RoutingConfig,
+) -> anyhow::Result<Vec<PoolSettings>> {
+    let (mut names, mut models, mut workers) = (HashSet::new(), HashSet::new(), HashSet::new());
+    let mut out = Vec::new();
+    for (i, p) in pools.iter().enumerate() {
+        let at = |e: anyhow::Error| anyhow::anyhow!("pools[{i}] ('{}'): {e}", p.name);
+        if p.name.trim().is_empty() || !names.insert(p.name.as_str()) {
+            anyhow::bail!("pools[{i}].name: empty or used twice ('{}')", p.name);
+        }
+        let model = model_spec(&p.model).map_err(at)?;
+        let served: Vec<String> = p.models.iter().chain(&model.lora_adapters).cloned().collect();
+        if p.models.is_empty() {
+            anyhow::bail!("pools[{i}].models: list the model names this pool serves");
+        }
+        if let Some(dup) = served.iter().find(|m| !models.insert(m.to_string())) {
+            anyhow::bail!("pools[{i}].models: '{dup}' is served by another pool too");
+        }
+        let pool_workers = worker_specs(&p.workers).map_err(at)?;
+        if let Some(dup) = pool_workers.iter().find(|w| !workers.insert(w.spec.name.clone())) {
+            anyhow::bail!("pools[{i}].workers: worker name '{}' is used in another pool too", dup.spec.name);
+        }
+        let routing = p.routing.clone().unwrap_or_else(|| routing.clone());
+        routing.validate().map_err(|e| at(anyhow::anyhow!("routing: {e}")))?;
+        let pipeline = PipelineConfig { model, media: media.clone() };
+        out.push(PoolSettings { name: p.name.clone(), models: served, pipeline, workers: pool_workers, routing });
+    }
+    Ok(out)
+}
+
 fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSettings>> {
     if workers.is_empty() {
         anyhow::bail!("workers: at least one [[workers]] entry is required");
@@ -614,10 +696,10 @@ mod tests {
     #[test]
     fn minimal_config_gets_defaults() {
         let c = Settings::parse(MIN).unwrap();
-        assert_eq!(c.pipeline.model.source, ModelSource::Bundled("qwen3-vl"));
-        assert_eq!(c.pipeline.model.name, "qwen3-vl");
-        assert_eq!(c.pipeline.model.block_size, 16);
-        assert_eq!(c.workers.len(), 1);
+        assert_eq!(c.pools[0].pipeline.model.source, ModelSource::Bundled("qwen3-vl"));
+        assert_eq!(c.pools[0].pipeline.model.name, "qwen3-vl");
+        assert_eq!(c.pools[0].pipeline.model.block_size, 16);
+        assert_eq!(c.pools[0].workers.len(), 1);
         assert_eq!(c.server.health_interval, Some(Duration::from_secs(2)));
     }
 
@@ -669,16 +751,16 @@ mod tests {
             "{MIN}engine = \"sglang\"\nkv_events = \"tcp://127.0.0.1:5557\"\nkv_events_replay = \"tcp://127.0.0.1:5600\"\ndata_parallel_size = 2\n[[workers]]\nname = \"b\"\nurl = \"http://127.0.0.1:2\"\nkv_events = \"discover\"\n"
         );
         let c = Settings::parse(&text).unwrap();
-        assert_eq!(c.workers[0].spec.engine, Engine::Sglang);
+        assert_eq!(c.pools[0].workers[0].spec.engine, Engine::Sglang);
         let want = EventSource::Endpoints {
             endpoint: "tcp://127.0.0.1:5557".into(),
             replay: Some("tcp://127.0.0.1:5600".into()),
             topic: String::new(),
             data_parallel_size: 2,
         };
-        assert_eq!(c.workers[0].events, Some(want));
-        assert_eq!(c.workers[1].events, Some(EventSource::Discover));
-        assert_eq!(c.workers[1].spec.engine, Engine::Vllm);
+        assert_eq!(c.pools[0].workers[0].events, Some(want));
+        assert_eq!(c.pools[0].workers[1].events, Some(EventSource::Discover));
+        assert_eq!(c.pools[0].workers[1].spec.engine, Engine::Vllm);
     }
 
     #[test]
@@ -691,5 +773,12 @@ mod tests {
     fn bundled_example_config_is_valid() {
         let text = include_str!("../config/mmrouter.toml");
         Settings::parse(text).unwrap();
+    }
+
+    #[test]
+    fn the_documented_example_config_is_valid() {
+        let c = Settings::parse(include_str!("../config/mmrouter.toml")).expect("config/mmrouter.toml parses");
+        assert_eq!(c.pools.len(), 1);
+        assert!(c.pools[0].models.is_empty(), "without [[pools]] the one pool serves any model");
     }
 }

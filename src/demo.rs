@@ -1,49 +1,83 @@
-//! `mmrouter demo`: simulated workers and the proxy in one process, on a bundled model profile.
+//! `mmrouter demo`: simulated workers and the proxy in one process. By default two pools — the bundled
+//! Qwen3-VL and Qwen2.5-VL profiles, each over its own simulated workers — so a request's `model`
+//! picks the pool; with one `--model`, one pool that serves any model name.
 
 use mmrouter_core::model::{ModelSource, ModelSpec};
-use mmrouter_core::routing::WorkerSpec;
-use mmrouter_sim::SimOptions;
+use mmrouter_core::pipeline::PipelineConfig;
+use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
+use mmrouter_sim::{SimHandle, SimOptions};
 
-use crate::config::Settings;
+use crate::config::{PoolSettings, Settings, WorkerSettings};
+
+/// The served names of a bundled profile: the HF model id clients send, and the profile name.
+fn served_names(model: &str) -> Vec<String> {
+    let hf = match model {
+        "qwen3-vl" => Some("Qwen/Qwen3-VL-8B-Instruct"),
+        "qwen2.5-vl" => Some("Qwen/Qwen2.5-VL-7B-Instruct"),
+        _ => None,
+    };
+    hf.into_iter().map(str::to_owned).chain([model.to_owned()]).collect()
+}
 
 pub async fn run(
     port: u16,
     workers: usize,
-    model: &str,
+    models: &[String],
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if workers == 0 {
-        anyhow::bail!("--workers must be at least 1");
+    if workers == 0 || models.is_empty() {
+        anyhow::bail!("--workers and --model must each be at least 1");
     }
-    let source = ModelSource::parse(model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
     let mut sims = Vec::new();
-    for i in 0..workers {
-        let opts = SimOptions {
-            name: format!("sim-{i}"),
-            model_dir: Some(model.to_owned()),
-            seed: i as u64,
-            ..SimOptions::default()
-        };
-        sims.push(mmrouter_sim::spawn_exact(opts).await?);
+    let mut pools = Vec::new();
+    for model in models {
+        let source = ModelSource::parse(model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+        let first = sims.len();
+        for i in 0..workers {
+            let name = if models.len() == 1 { format!("sim-{i}") } else { format!("{model}-{i}") };
+            let opts =
+                SimOptions { name, model_dir: Some(model.clone()), seed: (first + i) as u64, ..SimOptions::default() };
+            sims.push(mmrouter_sim::spawn_exact(opts).await?);
+        }
+        pools.push(pool(model, source, &sims[first..], models.len() == 1));
     }
-    let specs = sims.iter().map(|s| WorkerSpec::new(s.name().to_owned(), s.url())).collect();
-    let mut cfg = Settings::new(ModelSpec::new(source), specs);
+    let mut cfg = Settings::new(pools[0].pipeline.model.clone(), Vec::new());
+    cfg.pools = pools;
     cfg.server.listen.set_port(port);
-    // The demo's own clients may send images from a local web server.
-    cfg.pipeline.media.allow_cidrs = vec!["127.0.0.0/8".to_owned()];
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on 127.0.0.1:{port}: {e} (pick another with --port)"))?;
     let addr = listener.local_addr()?;
-    println!("mmrouter demo: proxy on http://{addr} with {workers} simulated workers ({model})");
-    for s in &sims {
-        println!("  worker {} at {}", s.name(), s.url());
+    println!("mmrouter demo: proxy on http://{addr}");
+    for p in &cfg.pools {
+        let served = if p.models.is_empty() { "any model".to_owned() } else { p.models.join(", ") };
+        let names: Vec<&str> = p.workers.iter().map(|w| w.spec.name.as_str()).collect();
+        println!("  pool {} ({served}): workers {}", p.name, names.join(", "));
     }
-    println!("try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"Qwen/Qwen3-VL-8B-Instruct\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
+    println!("try:\n  curl -s http://{addr}/v1/models");
+    println!("  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"Qwen/Qwen3-VL-8B-Instruct\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
     println!("metrics: curl -s http://{addr}/metrics   (Ctrl-C to stop)");
     crate::server::serve(cfg, listener, shutdown).await?;
     for s in sims {
         s.shutdown().await;
     }
     Ok(())
+}
+
+/// One pool over `sims`; `any`: serve every model name (the demo's single-model form).
+fn pool(model: &str, source: ModelSource, sims: &[SimHandle], any: bool) -> PoolSettings {
+    let mut pipeline = PipelineConfig { model: ModelSpec::new(source), media: Default::default() };
+    // The demo's own clients may send images from a local web server.
+    pipeline.media.allow_cidrs = vec!["127.0.0.0/8".to_owned()];
+    let workers = sims
+        .iter()
+        .map(|s| WorkerSettings { spec: WorkerSpec::new(s.name().to_owned(), s.url()), events: None })
+        .collect();
+    PoolSettings {
+        name: model.to_owned(),
+        models: if any { Vec::new() } else { served_names(model) },
+        pipeline,
+        workers,
+        routing: RoutingConfig::default(),
+    }
 }

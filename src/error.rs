@@ -41,6 +41,14 @@ impl ApiError {
             "no healthy worker is available to serve this request; retry later",
         )
     }
+    /// No pool serves the request's `model` (OpenAI's answer for an unknown model).
+    pub fn model_not_found(model: Option<&str>) -> Self {
+        let message = match model {
+            Some(m) => format!("The model `{m}` does not exist (GET /v1/models lists the models served here)."),
+            None => "The request names no `model`; GET /v1/models lists the models served here.".to_owned(),
+        };
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", message)
+    }
     /// A failure inside the proxy itself (not the client's, not a worker's).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", message)

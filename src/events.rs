@@ -26,6 +26,8 @@ const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
 
 /// One worker's feeds and event state.
 pub struct WorkerFeeds {
+    /// The worker's pool, and its index there.
+    pub pool: usize,
     pub worker: usize,
     ingest: Arc<Mutex<WorkerEvents>>,
     handles: Mutex<Vec<FeedHandle>>,
@@ -44,15 +46,17 @@ impl WorkerFeeds {
 }
 
 /// Starts the feeds of every worker that publishes events; the returned list lives in the state.
-pub fn start(st: &Arc<AppState>, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
-    let model = st.pipeline.model_name().to_owned();
-    let block_size = st.pipeline.block_size();
-    let vocab = st.pipeline.vocab_size();
+pub fn start(st: &Arc<AppState>, pool: usize, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
+    let pipeline = &st.pools[pool].pipeline;
+    let model = pipeline.model_name().to_owned();
+    let block_size = pipeline.block_size();
+    let vocab = pipeline.vocab_size();
     let mut out = Vec::new();
     for (w, settings) in workers.iter().enumerate() {
         let Some(source) = settings.events.clone() else { continue };
-        st.router.worker(w).set_publishes_events(true);
+        st.pools[pool].router.worker(w).set_publishes_events(true);
         let feeds = Arc::new(WorkerFeeds {
+            pool,
             worker: w,
             ingest: Arc::new(Mutex::new(WorkerEvents::new(&model, block_size, MAX_TRACKED_BLOCKS).with_vocab(vocab))),
             handles: Mutex::new(Vec::new()),
@@ -140,31 +144,31 @@ async fn follow(
 ) {
     while let Some(event) = rx.recv().await {
         let Some(st) = st.upgrade() else { return };
-        let w = feeds.worker;
+        let (router, w) = (&st.pools[feeds.pool].router, feeds.worker);
         match event {
             FeedEvent::Batch { batch, .. } => {
-                st.observe.event_lag(st.router.worker(w).name(), lag(batch.ts));
+                st.observe.event_lag(router.worker(w).name(), lag(batch.ts));
                 let (ops, held) = {
                     let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
                     let ops = ingest.apply(&batch);
                     (ops, ingest.held())
                 };
                 if ops.cleared {
-                    st.router.clear_worker(w);
+                    router.clear_worker(w);
                 }
-                st.router.remove_events(w, &ops.removed);
-                st.router.store_events(w, &ops.stored);
+                router.remove_events(w, &ops.removed);
+                router.store_events(w, &ops.stored);
                 // An engine removes blocks only to make room: the cache is full at `held`.
-                st.router.worker(w).report_cache(held as u64, !ops.removed.is_empty() && !ops.cleared);
+                router.worker(w).report_cache(held as u64, !ops.removed.is_empty() && !ops.cleared);
             }
             FeedEvent::Reset { reason } => {
-                tracing::warn!(worker = %st.router.worker(w).name(), reason = reason.label(), "kv events: state reset");
+                tracing::warn!(worker = %router.worker(w).name(), reason = reason.label(), "kv events: state reset");
                 feeds.ingest.lock().unwrap_or_else(|e| e.into_inner()).reset();
-                st.router.clear_worker(w);
-                st.router.worker(w).report_cache(0, false);
+                router.clear_worker(w);
+                router.worker(w).report_cache(0, false);
             }
             FeedEvent::Malformed { error, .. } => {
-                tracing::debug!(worker = %st.router.worker(w).name(), "kv events: malformed frame skipped ({})", error.label());
+                tracing::debug!(worker = %router.worker(w).name(), "kv events: malformed frame skipped ({})", error.label());
             }
         }
     }

@@ -26,18 +26,25 @@ pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
         loop {
             tick.tick().await;
             let Some(st) = weak.upgrade() else { return };
-            let checks = st.router.workers().iter().map(|w| {
-                let url = format!("{}/health", w.url().trim_end_matches('/'));
-                let client = client.clone();
-                async move { matches!(client.get(url).send().await, Ok(r) if r.status().is_success()) }
-            });
-            let results = futures_util::future::join_all(checks).await;
-            for (i, ok) in results.into_iter().enumerate() {
-                let changed = if ok { st.router.mark_up(i) } else { st.router.mark_down(i) };
-                if changed {
-                    tracing::warn!(worker = %st.router.worker(i).name(), healthy = ok, "worker health changed");
-                }
+            for pool in &st.pools {
+                check_pool(&client, &pool.router).await;
             }
         }
     });
+}
+
+/// One round of checks over a pool's workers, concurrently.
+async fn check_pool(client: &reqwest::Client, router: &mmrouter_core::routing::Router) {
+    let checks = router.workers().iter().map(|w| {
+        let url = format!("{}/health", w.url().trim_end_matches('/'));
+        let client = client.clone();
+        async move { matches!(client.get(url).send().await, Ok(r) if r.status().is_success()) }
+    });
+    let results = futures_util::future::join_all(checks).await;
+    for (i, ok) in results.into_iter().enumerate() {
+        let changed = if ok { router.mark_up(i) } else { router.mark_down(i) };
+        if changed {
+            tracing::warn!(worker = %router.worker(i).name(), healthy = ok, "worker health changed");
+        }
+    }
 }

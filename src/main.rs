@@ -30,9 +30,10 @@ enum Cmd {
         port: u16,
         #[arg(long, default_value_t = 2)]
         workers: usize,
-        /// Bundled profile or HF model directory.
-        #[arg(long, default_value = "qwen3-vl")]
-        model: String,
+        /// Bundled profile or HF model directory, one pool each (repeatable; default: two pools,
+        /// qwen3-vl and qwen2.5-vl). With one, that pool serves any model name.
+        #[arg(long = "model", default_values_t = ["qwen3-vl".to_owned(), "qwen2.5-vl".to_owned()])]
+        models: Vec<String>,
     },
     /// Run one simulated vLLM-like worker.
     Sim(mmrouter_sim::SimOptions),
@@ -124,7 +125,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
             mmrouter::server::serve(cfg, listener, shutdown_signal()).await
         }
-        Cmd::Demo { port, workers, model } => mmrouter::demo::run(port, workers, &model, shutdown_signal()).await,
+        Cmd::Demo { port, workers, models } => mmrouter::demo::run(port, workers, &models, shutdown_signal()).await,
         Cmd::Sim(opts) => mmrouter_sim::run_exact(opts, shutdown_signal()).await,
         Cmd::Render { model_dir, request, completion } => mmrouter::render::run(&model_dir, &request, completion).await,
         Cmd::Loadgen(opts) => {

@@ -394,18 +394,27 @@ impl Observer {
 
     /// The Prometheus text exposition, with the worker gauges, the index size and the event feeds'
     /// counters read from their owners.
-    pub fn render(&self, router: &Router, feeds: &[Arc<WorkerFeeds>]) -> String {
-        self.index_blocks.set(router.index_blocks() as f64);
-        let by_source = router.index_entries();
-        for (source, n) in
-            [("events", by_source.events), ("pending", by_source.pending), ("approximate", by_source.approximate)]
-        {
+    pub fn render<'a>(&self, pools: impl IntoIterator<Item = (&'a Router, &'a [Arc<WorkerFeeds>])>) -> String {
+        let pools: Vec<_> = pools.into_iter().collect();
+        self.index_blocks.set(pools.iter().map(|(r, _)| r.index_blocks()).sum::<usize>() as f64);
+        let (mut events, mut pending, mut approximate) = (0, 0, 0);
+        for (router, feeds) in &pools {
+            let by_source = router.index_entries();
+            (events, pending, approximate) =
+                (events + by_source.events, pending + by_source.pending, approximate + by_source.approximate);
+            self.render_feeds(router, feeds);
+            self.render_workers(router);
+        }
+        for (source, n) in [("events", events), ("pending", pending), ("approximate", approximate)] {
             let g = self.index_by_source.get(source, |s| {
                 self.recorder.register_gauge(&Self::key(INDEX_BLOCKS_BY_SOURCE, &[("source", s)]), &METADATA)
             });
             g.set(n as f64);
         }
-        self.render_feeds(router, feeds);
+        self.handle.render()
+    }
+
+    fn render_workers(&self, router: &Router) {
         for w in router.workers() {
             let load = w.inflight();
             let gauge = |name: &'static str| {
@@ -427,7 +436,6 @@ impl Observer {
                 gauge(WORKER_INFLIGHT_IMAGE_TOKENS).set(load.image_tokens as f64);
             }
         }
-        self.handle.render()
     }
 }
 
@@ -519,26 +527,29 @@ mod tests {
         a.finished(Route::Exact, 200);
         a.finished(Route::Exact, 200);
         let r = router();
-        assert_eq!(sample(&a.render(&r, &[]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), Some(2.0));
-        assert_eq!(sample(&b.render(&r, &[]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
+        assert_eq!(
+            sample(&a.render([(&r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"),
+            Some(2.0)
+        );
+        assert_eq!(sample(&b.render([(&r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
     }
 
     #[test]
     fn worker_gauges_follow_the_load_at_scrape_time() {
         let (o, r) = (Observer::new(), router());
         let mut text = r.begin(0, Load { prefill_tokens: 30, decode_tokens: 5, image_tokens: 0 });
-        let page = o.render(&r, &[]);
+        let page = o.render([(&r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(1.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_prefill_tokens{worker=\"w0\"}"), Some(30.0));
         // A text-only (or fallback) request never touches the image gauge.
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"));
         let img = r.begin(0, Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 });
-        let page = o.render(&r, &[]);
+        let page = o.render([(&r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(64.0));
         text.first_byte();
         drop(img);
         drop(text);
-        let page = o.render(&r, &[]);
+        let page = o.render([(&r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use mmrouter_core::pipeline::{splice_uuids, Planned, Route, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, Engine, Failure, Load, LoadGuard, SelectRequest, Transition};
+use mmrouter_core::routing::{Decision, Engine, Failure, Load, LoadGuard, Router, SelectRequest, Transition};
 
 use crate::error::ApiError;
 use crate::observe::stage;
@@ -35,12 +35,19 @@ pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> R
         Ok(b) => b,
         Err(e) => return rejected(&st, e),
     };
-    let planned = match plan(&st, endpoint, &bytes).await {
-        Ok(p) => p,
+    let request = match ParsedRequest::parse(endpoint, &bytes) {
+        Ok(r) => r,
+        Err(e) => return rejected(&st, e.into()),
+    };
+    let Some(p) = st.pool_for(request.str_field("model")) else {
+        return rejected(&st, ApiError::model_not_found(request.str_field("model")));
+    };
+    let planned = match plan(&st, p, request, &bytes).await {
+        Ok(planned) => planned,
         Err(e) => return rejected(&st, e),
     };
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path()).to_owned();
-    forward(&st, &planned.plan, parts.method, &path, &parts.headers, bytes).await
+    forward(&st, p, &planned.plan, parts.method, &path, &parts.headers, bytes).await
 }
 
 /// Text (bytes of the body outside image URLs) up to which a request is planned on the async
@@ -49,26 +56,26 @@ const INLINE_PLAN_BYTES: usize = 64 * 1024;
 
 /// Parse and plan; the observe stage records what planning took. Large prompts are planned on the
 /// blocking pool, at most one per core at a time.
-async fn plan(st: &Arc<AppState>, endpoint: Endpoint, bytes: &Bytes) -> Result<Planned, ApiError> {
-    let request = ParsedRequest::parse(endpoint, bytes)?;
+async fn plan(st: &Arc<AppState>, p: usize, request: ParsedRequest<'_>, bytes: &Bytes) -> Result<Planned, ApiError> {
     let text_bytes = bytes.len().saturating_sub(request.images.iter().map(|i| i.url.len()).sum());
     let planned = if text_bytes <= INLINE_PLAN_BYTES {
-        st.pipeline.plan(&request).await?
+        st.pools[p].pipeline.plan(&request).await?
     } else {
+        let endpoint = request.endpoint;
         drop(request);
-        plan_blocking(st, endpoint, bytes.clone()).await?
+        plan_blocking(st, p, endpoint, bytes.clone()).await?
     };
     st.observe.planned(&planned);
     Ok(planned)
 }
 
 /// Plans on the blocking pool under a planning permit; image fetches still run on the runtime.
-async fn plan_blocking(st: &Arc<AppState>, endpoint: Endpoint, bytes: Bytes) -> Result<Planned, ApiError> {
+async fn plan_blocking(st: &Arc<AppState>, p: usize, endpoint: Endpoint, bytes: Bytes) -> Result<Planned, ApiError> {
     let _permit = st.planners.acquire().await.map_err(|_| ApiError::internal("planning pool closed"))?;
     let (st, runtime) = (Arc::clone(st), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || {
         let request = ParsedRequest::parse(endpoint, &bytes)?;
-        Ok(runtime.block_on(st.pipeline.plan(&request))?)
+        Ok(runtime.block_on(st.pools[p].pipeline.plan(&request))?)
     })
     .await
     .map_err(|e| ApiError::internal(format!("planning failed: {e}")))?
@@ -81,6 +88,7 @@ async fn plan_blocking(st: &Arc<AppState>, endpoint: Endpoint, bytes: Bytes) -> 
 /// the client gets the last worker's own answer (its 5xx or 429 with `retry-after`) or our error.
 async fn forward(
     st: &Arc<AppState>,
+    p: usize,
     plan: &RoutePlan,
     method: Method,
     path: &str,
@@ -88,7 +96,8 @@ async fn forward(
     bytes: Bytes,
 ) -> Response {
     let t = Instant::now();
-    let Some(decision) = st.router.select(&select_request(plan)) else {
+    let router = &st.pools[p].router;
+    let Some(decision) = router.select(&select_request(plan)) else {
         return finish_error(st, plan, ApiError::no_worker());
     };
     st.observe.stage(stage::SELECT, t.elapsed());
@@ -102,27 +111,27 @@ async fn forward(
             break;
         }
         // Ejected, down, or its half-open probe already out since the ranking: not an attempt.
-        let Some(admission) = st.router.admit(w) else { continue };
+        let Some(admission) = router.admit(w) else { continue };
         if let Some(prev) = last.take() {
-            if !spend_retry(st, &prev) {
+            if !spend_retry(st, router, &prev) {
                 last = Some(prev);
                 break;
             }
             // `prev` drops here, unread: its connection closes and its load is released.
         }
         attempts += 1;
-        let body = body_for(st.router.worker(w).engine(), plan, &bytes, &mut spliced);
-        let guard = dispatch(st, plan, &decision, w, attempts == 1);
-        match attempt(st, w, &out, body, guard, admission.is_probe()).await {
+        let body = body_for(router.worker(w).engine(), plan, &bytes, &mut spliced);
+        let guard = dispatch(st, router, plan, &decision, w, attempts == 1);
+        match attempt(st, router, w, &out, body, guard, admission.is_probe()).await {
             Ok((resp, guard)) => {
                 drop(admission);
-                return relay(st, plan, resp, w, guard);
+                return relay(st, p, plan, resp, w, guard);
             }
             Err(failed) => last = Some(failed),
         }
     }
     match last {
-        Some(Failed { answer: Answer::Worker(resp, guard), worker, .. }) => relay(st, plan, resp, worker, guard),
+        Some(Failed { answer: Answer::Worker(resp, guard), worker, .. }) => relay(st, p, plan, resp, worker, guard),
         Some(Failed { answer: Answer::Ours(err), .. }) => finish_error(st, plan, err),
         None => finish_error(st, plan, ApiError::no_worker()),
     }
@@ -139,24 +148,25 @@ struct Outgoing<'a> {
 /// state either way).
 async fn attempt(
     st: &AppState,
+    router: &Router,
     w: usize,
     out: &Outgoing<'_>,
     body: Bytes,
     guard: LoadGuard,
     probe: bool,
 ) -> Result<(reqwest::Response, LoadGuard), Failed> {
-    let worker = st.router.worker(w);
+    let worker = router.worker(w);
     let sent_at = Instant::now();
     match st.upstream.send(worker.url(), out.method.clone(), out.path, out.headers, body).await {
         Ok(resp) => {
             st.observe.stage(stage::FORWARD_TTFB, sent_at.elapsed());
             let Some(reason) = RetryReason::of_status(resp.status()) else {
-                report(st, w, st.router.succeeded(w, probe));
+                report(st, router, w, router.succeeded(w, probe));
                 return Ok((resp, guard));
             };
             // A 429 says "busy", not "broken": it neither ejects nor recovers the worker.
             if reason == RetryReason::ServerError {
-                report(st, w, st.router.failed(w, Failure::Error, probe));
+                report(st, router, w, router.failed(w, Failure::Error, probe));
             }
             Err(Failed { reason, answer: Answer::Worker(resp, guard), worker: w })
         }
@@ -164,7 +174,7 @@ async fn attempt(
             st.observe.upstream(worker.name(), e.label());
             drop(guard);
             let failure = if matches!(e, UpstreamError::Connect(_)) { Failure::Connect } else { Failure::Error };
-            report(st, w, st.router.failed(w, failure, probe));
+            report(st, router, w, router.failed(w, failure, probe));
             tracing::warn!(worker = %worker.name(), "upstream attempt failed: {e}");
             let answer = Answer::Ours(e.to_api(worker.name()));
             Err(Failed { reason: RetryReason::of_error(&e), answer, worker: w })
@@ -173,7 +183,7 @@ async fn attempt(
 }
 
 /// Takes a retry from the budget for the failure `prev`; false (and counted) when it is used up.
-fn spend_retry(st: &AppState, prev: &Failed) -> bool {
+fn spend_retry(st: &AppState, router: &Router, prev: &Failed) -> bool {
     if !st.retry_budget.try_withdraw() {
         st.observe.retry_budget_exhausted();
         return false;
@@ -181,7 +191,7 @@ fn spend_retry(st: &AppState, prev: &Failed) -> bool {
     st.observe.retry(prev.reason.label());
     if let Answer::Worker(resp, _) = &prev.answer {
         // Its status is counted here, since it is never relayed.
-        st.observe.upstream(st.router.worker(prev.worker).name(), resp.status().as_str());
+        st.observe.upstream(router.worker(prev.worker).name(), resp.status().as_str());
     }
     true
 }
@@ -201,8 +211,8 @@ enum Answer {
 }
 
 /// Logs and counts a worker's state change.
-fn report(st: &AppState, w: usize, t: Option<Transition>) {
-    let name = st.router.worker(w).name();
+fn report(st: &AppState, router: &Router, w: usize, t: Option<Transition>) {
+    let name = router.worker(w).name();
     match t {
         Some(Transition::Ejected { length, clear_index }) => {
             st.observe.ejected(name);
@@ -236,26 +246,33 @@ fn select_request(plan: &RoutePlan) -> SelectRequest<'_> {
 
 /// Holds the request's load on worker `w` and records its blocks there (at dispatch, so a
 /// concurrent request with the same prefix already sees them; a text-prefix plan has no image keys).
-fn dispatch(st: &AppState, plan: &RoutePlan, decision: &Decision, w: usize, first: bool) -> LoadGuard {
+fn dispatch(st: &AppState, router: &Router, plan: &RoutePlan, decision: &Decision, w: usize, first: bool) -> LoadGuard {
     let overlap = decision.overlap_tokens(w, plan.block_size).min(plan.prompt_tokens);
     let load = Load {
         prefill_tokens: plan.prompt_tokens - overlap,
         decode_tokens: plan.decode_tokens,
         image_tokens: plan.exact_image_tokens(),
     };
-    let guard = st.router.begin(w, load);
+    let guard = router.begin(w, load);
     if first {
         // Counted once per request, at dispatch, whatever the worker answers.
         st.observe.dispatched(plan, overlap);
     }
-    st.router.record_prompt(w, &plan.blocks, plan.first_image_block(), !plan.images_rehashed);
+    router.record_prompt(w, &plan.blocks, plan.first_image_block(), !plan.images_rehashed);
     guard
 }
 
 /// Streams the worker's answer back; the relay holds the load guard and reports `usage` at the end.
 /// The request is counted when its body ends: a body cut by the worker or a timeout counts as
 /// `status="stream_error"` (and feeds the worker's failure record), whatever status went out first.
-fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, w: usize, guard: LoadGuard) -> Response {
+fn relay(
+    st: &Arc<AppState>,
+    p: usize,
+    plan: &RoutePlan,
+    resp: reqwest::Response,
+    w: usize,
+    guard: LoadGuard,
+) -> Response {
     let status = resp.status();
     let worker = guard.worker().name().to_owned();
     st.observe.upstream(&worker, status.as_str());
@@ -286,7 +303,8 @@ fn relay(st: &Arc<AppState>, plan: &RoutePlan, resp: reqwest::Response, w: usize
                 // The total timeout is our limit, not the worker's failure.
                 if end.outcome != Outcome::Timeout {
                     // Never the probe: the probe's outcome was its response head.
-                    report(&state, w, state.router.failed(w, Failure::Error, false));
+                    let router = &state.pools[p].router;
+                    report(&state, router, w, router.failed(w, Failure::Error, false));
                 }
             }
             None => state.observe.finished(route, status.as_u16()),
@@ -330,9 +348,18 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
         Ok(b) => b,
         Err(e) => return rejected(&st, e),
     };
-    let plan = RoutePlan::passthrough(st.pipeline.block_size());
+    // The pool of the body's `model` when it names one (embeddings, tokenize, …), else the first.
+    let model = serde_json::from_slice::<ModelField>(&bytes).ok().and_then(|m| m.model);
+    let p = st.pool_for(model.as_deref()).unwrap_or(0);
+    let plan = RoutePlan::passthrough(st.pools[p].pipeline.block_size());
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
-    forward(&st, &plan, parts.method, &path, &parts.headers, bytes).await
+    forward(&st, p, &plan, parts.method, &path, &parts.headers, bytes).await
+}
+
+/// The `model` of a body, when it is a JSON object naming one.
+#[derive(serde::Deserialize)]
+struct ModelField {
+    model: Option<String>,
 }
 
 /// `?tokens=true` on `/debug/route` adds the rendered text, token ids and image spans.
@@ -353,12 +380,17 @@ pub async fn debug_route(State(st): State<Arc<AppState>>, Query(params): Query<D
         Ok(r) => r,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let planned = match st.pipeline.plan_with(&request, params.tokens).await {
+    let Some(p) = st.pool_for(request.str_field("model")) else {
+        return ApiError::model_not_found(request.str_field("model")).into_response();
+    };
+    let pool = &st.pools[p];
+    let planned = match pool.pipeline.plan_with(&request, params.tokens).await {
         Ok(p) => p,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let decision = st.router.select(&select_request(&planned.plan));
-    let mut out = debug_json(&st, &planned.plan, decision.as_ref());
+    let decision = pool.router.select(&select_request(&planned.plan));
+    let mut out = debug_json(&pool.router, &planned.plan, decision.as_ref());
+    out["pool"] = pool.name.clone().into();
     if params.tokens {
         let trace = crate::render::report(&planned);
         for key in ["text", "token_ids", "image_spans"] {
@@ -368,12 +400,12 @@ pub async fn debug_route(State(st): State<Arc<AppState>>, Query(params): Query<D
     axum::Json(out).into_response()
 }
 
-fn debug_json(st: &AppState, plan: &RoutePlan, d: Option<&Decision>) -> serde_json::Value {
+fn debug_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> serde_json::Value {
     let reason = match plan.route {
         Route::TextPrefix { reason } => Some(reason),
         _ => None,
     };
-    let name = |w: usize| st.router.worker(w).name().to_owned();
+    let name = |w: usize| router.worker(w).name().to_owned();
     serde_json::json!({
         "route": plan.route.label(),
         "reason": reason,
@@ -391,6 +423,6 @@ fn debug_json(st: &AppState, plan: &RoutePlan, d: Option<&Decision>) -> serde_js
         "policy": d.map(|d| d.policy),
         "worker": d.map(|d| name(d.worker())),
         "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),
-        "workers": st.router.workers().iter().map(|w| w.name()).collect::<Vec<_>>(),
+        "workers": router.workers().iter().map(|w| w.name()).collect::<Vec<_>>(),
     })
 }

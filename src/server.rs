@@ -24,6 +24,7 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
         .route("/v1/{*rest}", any(proxy::passthrough))
         .route("/health", get(health_page))
         .route("/metrics", get(metrics_page))
@@ -91,7 +92,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 /// has started (so a load balancer stops sending first).
 async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let draining = req.extensions().get::<Arc<Front>>().is_some_and(|f| f.is_draining());
-    let workers = st.router.workers();
+    let workers: Vec<_> = st.pools.iter().flat_map(|p| p.router.workers()).collect();
     let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
     let label = match (draining, healthy.is_empty()) {
         (true, _) => "draining",
@@ -108,6 +109,19 @@ async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response 
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
-    let page = st.observe.render(&st.router, st.feeds());
+    let page = st.observe.render(st.pools.iter().map(|p| (&p.router, p.feeds())));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
+}
+
+/// `GET /v1/models`: every pool's served names, in OpenAI's list shape. A config without `[[pools]]`
+/// declares none, so the workers answer (they know their `--served-model-name`).
+async fn models(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    if st.served_models().next().is_none() {
+        return proxy::passthrough(State(st), req).await;
+    }
+    let data: Vec<serde_json::Value> = st
+        .served_models()
+        .map(|(id, pool)| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "mmrouter", "pool": pool.name}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }

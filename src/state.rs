@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::Router;
 
-use crate::config::Settings;
+use crate::config::{PoolSettings, Settings};
 use crate::events::WorkerFeeds;
 use crate::observe::Observer;
 use crate::retry::{RetryBudget, RetryConfig};
@@ -14,9 +14,8 @@ use crate::upstream::Upstream;
 
 /// Everything a request handler needs; shared by all requests.
 pub struct AppState {
-    /// The pool's workers (health, load), the block index and the selection policy.
-    pub router: Router,
-    pub pipeline: Pipeline,
+    /// One per model served; a request's `model` picks one ([`AppState::pool_for`]).
+    pub pools: Vec<Pool>,
     pub upstream: Upstream,
     pub observe: Observer,
     /// Attempts per request and the proxy-wide retry budget (see [`crate::retry`]).
@@ -26,38 +25,75 @@ pub struct AppState {
     /// Permits to plan a large prompt on the blocking pool: one per core, so big prompts queue for
     /// CPU among themselves instead of starving the async workers (`/health`, small requests).
     pub planners: tokio::sync::Semaphore,
+}
+
+/// One model and its workers: its own pipeline, index and load state.
+pub struct Pool {
+    pub name: String,
+    /// Request `model` values served here; empty: every model (a config without `[[pools]]`).
+    pub models: Vec<String>,
+    /// The pool's workers (health, load), the block index and the selection policy.
+    pub router: Router,
+    pub pipeline: Pipeline,
     /// The workers' KV-event feeds, once started.
     feeds: OnceLock<Vec<Arc<WorkerFeeds>>>,
 }
 
-impl AppState {
-    pub fn new(cfg: &Settings) -> anyhow::Result<Arc<AppState>> {
-        Self::with_pipeline(cfg, Pipeline::new(&cfg.pipeline)?)
+impl Pool {
+    fn new(cfg: &PoolSettings, pipeline: Pipeline) -> anyhow::Result<Pool> {
+        let router = Router::new(cfg.routing.clone(), cfg.worker_specs())
+            .map_err(|e| anyhow::anyhow!("pool '{}': routing: {e}", cfg.name))?;
+        Ok(Pool { name: cfg.name.clone(), models: cfg.models.clone(), router, pipeline, feeds: OnceLock::new() })
     }
 
-    /// State around an already-built pipeline (tests inject counters through it).
-    pub fn with_pipeline(cfg: &Settings, pipeline: Pipeline) -> anyhow::Result<Arc<AppState>> {
-        let router =
-            Router::new(cfg.routing.clone(), cfg.worker_specs()).map_err(|e| anyhow::anyhow!("routing: {e}"))?;
+    pub fn feeds(&self) -> &[Arc<WorkerFeeds>] {
+        self.feeds.get().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl AppState {
+    pub fn new(cfg: &Settings) -> anyhow::Result<Arc<AppState>> {
+        Self::with_pipeline(cfg, Pipeline::new(&cfg.pools[0].pipeline)?)
+    }
+
+    /// State around an already-built pipeline for the first pool (tests inject counters through it).
+    pub fn with_pipeline(cfg: &Settings, first: Pipeline) -> anyhow::Result<Arc<AppState>> {
+        let mut pools = vec![Pool::new(&cfg.pools[0], first)?];
+        for p in &cfg.pools[1..] {
+            pools.push(Pool::new(p, Pipeline::new(&p.pipeline)?)?);
+        }
         Ok(Arc::new(AppState {
-            router,
+            pools,
             upstream: Upstream::new(&cfg.server)?,
-            pipeline,
             observe: Observer::new(),
             retries: cfg.retries.clone(),
             retry_budget: RetryBudget::new(&cfg.retries),
             max_body_bytes: cfg.server.max_body_bytes,
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
-            feeds: OnceLock::new(),
         }))
+    }
+
+    /// The pool serving `model`: the one listing it, or the catch-all pool of a config without
+    /// `[[pools]]`; `None`: no pool serves it.
+    pub fn pool_for(&self, model: Option<&str>) -> Option<usize> {
+        if let [only] = self.pools.as_slice() {
+            if only.models.is_empty() {
+                return Some(0);
+            }
+        }
+        let model = model?;
+        self.pools.iter().position(|p| p.models.iter().any(|m| m == model))
+    }
+
+    /// Every served model name, pool by pool (`/v1/models`); empty for a catch-all pool.
+    pub fn served_models(&self) -> impl Iterator<Item = (&str, &Pool)> {
+        self.pools.iter().flat_map(|p| p.models.iter().map(move |m| (m.as_str(), p)))
     }
 
     /// Subscribes to the KV events of the workers that publish them (once; later calls do nothing).
     pub fn start_feeds(self: &Arc<Self>, cfg: &Settings) {
-        let _ = self.feeds.get_or_init(|| crate::events::start(self, &cfg.workers));
-    }
-
-    pub fn feeds(&self) -> &[Arc<WorkerFeeds>] {
-        self.feeds.get().map_or(&[], Vec::as_slice)
+        for (p, pool) in self.pools.iter().enumerate() {
+            let _ = pool.feeds.get_or_init(|| crate::events::start(self, p, &cfg.pools[p].workers));
+        }
     }
 }

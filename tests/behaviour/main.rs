@@ -13,4 +13,5 @@ mod kv_events;
 mod limits;
 mod metrics_format;
 mod openai_sdk;
+mod pools;
 mod proxy;

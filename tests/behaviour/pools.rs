@@ -1,0 +1,136 @@
+//! Pools: several models behind one router, a request's `model` picking the pool.
+
+use crate::harness::*;
+
+/// Two pools of one sim each: Qwen3-VL (with a LoRA adapter) and Qwen2.5-VL.
+async fn two_pools() -> Cluster {
+    let qwen3 = sims(1, fast).await;
+    let qwen25 = sims(1, |o| {
+        fast(o);
+        o.model_dir = Some("qwen2.5-vl".into());
+    })
+    .await;
+    let toml = format!(
+        r#"
+[[pools]]
+name = "qwen3"
+models = ["Qwen/Qwen3-VL-8B-Instruct", "qwen3-vl"]
+model = {{ dir = "qwen3-vl", lora_adapters = ["qwen3-sql-lora"] }}
+workers = [{{ name = "{a}", url = "{a_url}" }}]
+
+[[pools]]
+name = "qwen25"
+models = ["Qwen/Qwen2.5-VL-7B-Instruct"]
+model = {{ dir = "qwen2.5-vl" }}
+workers = [{{ name = "{b}", url = "{b_url}" }}]
+"#,
+        a = qwen3[0].name(),
+        a_url = qwen3[0].url(),
+        b = qwen25[0].name(),
+        b_url = qwen25[0].url(),
+    );
+    proxy(qwen3.into_iter().chain(qwen25).collect(), &toml).await
+}
+
+fn chat(model: &str, text: &str) -> Vec<u8> {
+    serde_json::to_vec(
+        &serde_json::json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}),
+    )
+    .unwrap()
+}
+
+async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
+    client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_model_picks_the_pool_each_with_its_own_index() {
+    let c = two_pools().await;
+    let (a, b) = (c.sims[0].name().to_owned(), c.sims[1].name().to_owned());
+    for (model, worker) in [
+        ("Qwen/Qwen3-VL-8B-Instruct", &a),
+        ("qwen3-vl", &a),
+        ("qwen3-sql-lora", &a),
+        ("Qwen/Qwen2.5-VL-7B-Instruct", &b),
+    ] {
+        let r = post(&c.url, chat(model, "Describe the weather on Mars in a long paragraph, please.")).await;
+        assert_eq!(r.status(), 200, "{model}");
+        assert_eq!(r.headers()["x-mmrouter-worker"].to_str().unwrap(), worker, "{model}");
+    }
+    assert_eq!(c.sims[0].stats().requests, 3);
+    assert_eq!(c.sims[1].stats().requests, 1);
+    // Each pool keeps its own routing index and load.
+    let pools = &c.state.pools;
+    assert_eq!((pools[0].name.as_str(), pools[1].name.as_str()), ("qwen3", "qwen25"));
+    assert!(pools[0].router.index_blocks() > pools[1].router.index_blocks());
+    assert!(pools[1].router.index_blocks() > 0);
+    assert_eq!(pools[0].router.workers().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_model_is_an_openai_404_and_nothing_is_forwarded() {
+    let c = two_pools().await;
+    for body in [chat("gpt-4o", "hi"), br#"{"messages":[{"role":"user","content":"hi"}]}"#.to_vec()] {
+        let r = post(&c.url, body).await;
+        assert_eq!(r.status(), 404);
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["code"], "model_not_found", "{err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    }
+    assert_eq!(c.sims[0].stats().requests + c.sims[1].stats().requests, 0);
+    let m = metrics_text(&c.url).await;
+    assert_eq!(metric(&m, mmrouter::observe::REJECTED_TOTAL, "reason=\"model_not_found\""), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_models_lists_every_pools_models() {
+    let c = two_pools().await;
+    let r = client().get(format!("{}/v1/models", c.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let list: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["Qwen/Qwen3-VL-8B-Instruct", "qwen3-vl", "qwen3-sql-lora", "Qwen/Qwen2.5-VL-7B-Instruct"]);
+    for m in list["data"].as_array().unwrap() {
+        assert_eq!(m["object"], "model");
+        assert!(m["owned_by"].is_string() && m["created"].is_number(), "{m}");
+    }
+    // /debug/route names the pool.
+    let r = client()
+        .post(format!("{}/debug/route", c.url))
+        .body(chat("Qwen/Qwen2.5-VL-7B-Instruct", "hi"))
+        .send()
+        .await
+        .unwrap();
+    let d: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(d["pool"], "qwen25", "{d}");
+}
+
+#[test]
+fn pool_configs_are_validated() {
+    let pool = |name: &str, model: &str, worker: &str| {
+        format!("[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\nworkers = [{{ name = \"{worker}\", url = \"http://127.0.0.1:9\" }}]\n")
+    };
+    for (toml, needle) in [
+        (format!("{}{}", pool("a", "m", "w1"), pool("b", "m", "w2")), "served by another pool"),
+        (format!("{}{}", pool("a", "m", "w1"), pool("a", "n", "w2")), "pools[1].name"),
+        (format!("{}{}", pool("a", "m", "w1"), pool("b", "n", "w1")), "worker name 'w1'"),
+        (
+            format!("{}[[workers]]\nname = \"x\"\nurl = \"http://127.0.0.1:9\"\n", pool("a", "m", "w1")),
+            "[[pools.workers]]",
+        ),
+        (pool("a", "m", "w1").replace("models = [\"m\"]", "models = []"), "pools[0].models"),
+    ] {
+        let err = mmrouter::config::Settings::parse(&toml).unwrap_err().to_string();
+        assert!(err.contains(needle), "{toml}\n→ {err}");
+    }
+    let ok = mmrouter::config::Settings::parse(&format!("{}{}", pool("a", "m", "w1"), pool("b", "n", "w2"))).unwrap();
+    assert_eq!(ok.pools.len(), 2);
+    assert_eq!(ok.pools[1].models, ["n"]);
+}
