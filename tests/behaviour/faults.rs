@@ -7,20 +7,6 @@ use std::time::Duration;
 
 use crate::harness::*;
 
-async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
-    client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
-    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
-}
-
 /// Sum of the samples of `name` whose label set contains every one of `labels` (`key="value"`),
 /// whatever the label order.
 fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {

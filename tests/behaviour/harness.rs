@@ -144,3 +144,18 @@ pub fn with_uuids(body: &[u8]) -> Vec<u8> {
     }
     text.into_bytes()
 }
+
+/// POSTs a JSON `body` to `{url}/v1/chat/completions`.
+pub async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
+    post_to(url, "/v1/chat/completions", body).await
+}
+
+/// POSTs a JSON `body` to `{url}{path}`.
+pub async fn post_to(url: &str, path: &str, body: Vec<u8>) -> reqwest::Response {
+    client().post(format!("{url}{path}")).header("content-type", "application/json").body(body).send().await.unwrap()
+}
+
+/// A response header as text ("" when absent).
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}

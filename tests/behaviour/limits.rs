@@ -3,10 +3,6 @@
 
 use crate::harness::*;
 
-async fn post(url: &str, path: &str, body: Vec<u8>) -> reqwest::Response {
-    client().post(format!("{url}{path}")).header("content-type", "application/json").body(body).send().await.unwrap()
-}
-
 /// A text of about `bytes` bytes of distinct words (no repeated piece a cache could serve).
 fn text_of(bytes: usize) -> String {
     let mut s = String::with_capacity(bytes + 16);
@@ -32,18 +28,18 @@ async fn prompts_over_the_limits_are_refused_before_anything_is_forwarded() {
     let c = cluster_with(sims(1, fast).await, "[model]\nmax_prompt_bytes = 4000\nmax_prompt_tokens = 200").await;
     let chat = "/v1/chat/completions";
     // Over the byte cap: refused before tokenizing.
-    assert_too_long(post(&c.url, chat, chat_body(&[], &text_of(5000), false)).await, "bytes").await;
+    assert_too_long(post_to(&c.url, chat, chat_body(&[], &text_of(5000), false)).await, "bytes").await;
     // Under the byte cap, over the token cap.
-    assert_too_long(post(&c.url, chat, chat_body(&[], &text_of(2000), false)).await, "tokens").await;
+    assert_too_long(post_to(&c.url, chat, chat_body(&[], &text_of(2000), false)).await, "tokens").await;
     // Image tokens count: a short text with a 640x480 image is ~300 tokens for Qwen3-VL.
     let image = png_data_url(640, 480, 7);
-    assert_too_long(post(&c.url, chat, chat_body(&[image], "what is this?", false)).await, "tokens").await;
+    assert_too_long(post_to(&c.url, chat, chat_body(&[image], "what is this?", false)).await, "tokens").await;
     // Completions: the prompt string is capped the same way.
     let completion = serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": text_of(5000)})).unwrap();
-    assert_too_long(post(&c.url, "/v1/completions", completion).await, "bytes").await;
+    assert_too_long(post_to(&c.url, "/v1/completions", completion).await, "bytes").await;
     assert_eq!(c.sims[0].stats().requests, 0, "a refused prompt was forwarded");
 
-    let r = post(&c.url, chat, chat_body(&[], "hello there", false)).await;
+    let r = post_to(&c.url, chat, chat_body(&[], "hello there", false)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(c.sims[0].stats().requests, 1);
     let m = metrics_text(&c.url).await;
@@ -53,7 +49,7 @@ async fn prompts_over_the_limits_are_refused_before_anything_is_forwarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_megabyte_prompt_is_refused_by_default() {
     let c = cluster_with(sims(1, fast).await, "").await;
-    let r = post(&c.url, "/v1/chat/completions", chat_body(&[], &text_of(10 << 20), false)).await;
+    let r = post_to(&c.url, "/v1/chat/completions", chat_body(&[], &text_of(10 << 20), false)).await;
     assert_too_long(r, "bytes").await;
     assert_eq!(c.sims[0].stats().requests, 0);
 }
@@ -68,7 +64,7 @@ async fn health_answers_while_large_prompts_are_planned() {
             let url = c.url.clone();
             let body = chat_body(&[], &format!("{i} {}", text_of(1_500_000)), false);
             tokio::spawn(async move {
-                let r = post(&url, "/v1/chat/completions", body).await;
+                let r = post_to(&url, "/v1/chat/completions", body).await;
                 (r.status(), r.text().await.unwrap_or_default())
             })
         })

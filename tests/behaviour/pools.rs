@@ -39,16 +39,6 @@ fn chat(model: &str, text: &str) -> Vec<u8> {
     .unwrap()
 }
 
-async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
-    client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_requests_model_picks_the_pool_each_with_its_own_index() {
     let c = two_pools().await;

@@ -5,20 +5,6 @@ use std::time::{Duration, Instant};
 use crate::harness::*;
 use futures_util::StreamExt;
 
-async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
-    client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
-    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_and_image_chats_reach_the_worker_byte_identical() {
     let c = cluster_with(sims(2, fast).await, "[media]\nallow_cidrs = [\"127.0.0.0/8\"]").await;
