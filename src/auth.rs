@@ -61,7 +61,7 @@ impl Auth {
 
     /// The scope a path needs and the keys that satisfy it; `None`: open.
     fn required(&self, path: &str) -> Option<(Scope, &[Vec<u8>])> {
-        let admin_path = path == "/metrics" || path.starts_with("/debug/");
+        let admin_path = path == "/metrics" || path.starts_with("/debug/") || path.starts_with("/admin/");
         if path.starts_with("/v1/") {
             (!self.client.is_empty()).then_some((Scope::Client, self.client.as_slice()))
         } else if admin_path && !self.admin.is_empty() {
@@ -87,9 +87,16 @@ impl Auth {
     }
 }
 
+/// Marks a request whose admin key was checked (the admin API then also serves non-loopback peers).
+#[derive(Clone, Copy, Debug)]
+pub struct AdminAuthorized;
+
 pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next: Next) -> Response {
     let v1 = req.uri().path().starts_with("/v1/");
     if let Some((scope, keys)) = front.auth.required(req.uri().path()) {
+        if scope == Scope::Admin {
+            req.extensions_mut().insert(AdminAuthorized);
+        }
         if let Err(e) = check(keys, req.headers()) {
             front.state.observe.auth_failed(scope.label());
             front.state.observe.rejected(401, "invalid_api_key");

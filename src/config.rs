@@ -644,13 +644,18 @@ fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSettings>
         if !seen.insert(w.name.as_str()) {
             anyhow::bail!("workers[{i}].name: duplicate worker name '{}'", w.name);
         }
-        let u =
-            url::Url::parse(&w.url).map_err(|e| anyhow::anyhow!("workers[{i}].url: '{}' is not a URL ({e})", w.url))?;
-        if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-            anyhow::bail!("workers[{i}].url: '{}' must be an http(s) URL with a host", w.url);
-        }
+        check_worker_url(&w.url).map_err(|e| anyhow::anyhow!("workers[{i}].url: {e}"))?;
     }
     workers.iter().enumerate().map(|(i, w)| worker_settings(i, w)).collect()
+}
+
+/// A worker URL must be http(s) with a host (the config file, and workers added at run time).
+pub fn check_worker_url(url: &str) -> anyhow::Result<()> {
+    let u = url::Url::parse(url).map_err(|e| anyhow::anyhow!("'{url}' is not a URL ({e})"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        anyhow::bail!("'{url}' must be an http(s) URL with a host");
+    }
+    Ok(())
 }
 
 fn worker_settings(i: usize, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {

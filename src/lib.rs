@@ -9,6 +9,7 @@
 //! [`auth`], [`admission`]); [`logging`] sets up the log format.
 
 pub mod access;
+pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod bodies;

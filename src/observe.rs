@@ -357,7 +357,8 @@ impl Observer {
     /// The KV-event feeds' counters and connection state, read when `/metrics` is scraped.
     fn render_feeds(&self, router: &Router, feeds: &[Arc<WorkerFeeds>]) {
         for f in feeds {
-            let name = router.worker(f.worker).name();
+            let worker = router.worker(f.worker);
+            let name = worker.name();
             let c = f.counts();
             for (kind, v) in [
                 ("stored", c.stored_blocks),

@@ -212,7 +212,8 @@ enum Answer {
 
 /// Logs and counts a worker's state change.
 fn report(st: &AppState, router: &Router, w: usize, t: Option<Transition>) {
-    let name = router.worker(w).name();
+    let worker = router.worker(w);
+    let name = worker.name();
     match t {
         Some(Transition::Ejected { length, clear_index }) => {
             st.observe.ejected(name);

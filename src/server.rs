@@ -29,6 +29,7 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/health", get(health_page))
         .route("/metrics", get(metrics_page))
         .route("/debug/route", post(proxy::debug_route))
+        .merge(crate::admin::routes())
         .with_state(state)
 }
 

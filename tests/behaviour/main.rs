@@ -3,6 +3,7 @@
 //! command line. One test binary.
 
 mod accounting_cli;
+mod admin;
 mod cli;
 mod conn;
 mod count_cli;

@@ -197,7 +197,9 @@ impl Decision {
 
 /// Worker selection for one pool: its workers, the block index, the policy. `Send + Sync`.
 pub struct Router {
-    workers: Vec<Arc<Worker>>,
+    /// Grows at run time ([`Router::add_worker`]); a worker's position is its id for good (removed
+    /// workers keep their slot, so ids in flight and in the index never point at another worker).
+    workers: parking_lot::RwLock<Vec<Arc<Worker>>>,
     index: BlockIndex,
     policy: Box<dyn Policy>,
     ejection: EjectionConfig,
@@ -229,33 +231,64 @@ impl Router {
         };
         Ok(Router {
             index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs),
-            workers: workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect(),
+            workers: parking_lot::RwLock::new(workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect()),
             policy,
             ejection: cfg.ejection,
         })
     }
 
-    pub fn workers(&self) -> &[Arc<Worker>] {
-        &self.workers
+    /// Every worker, removed ones included (their slot stays; see [`Worker::is_removed`]).
+    pub fn workers(&self) -> Vec<Arc<Worker>> {
+        self.workers.read().clone()
     }
 
     /// Worker `id` (as found in a [`Decision`]).
-    pub fn worker(&self, id: usize) -> &Arc<Worker> {
-        &self.workers[id]
+    pub fn worker(&self, id: usize) -> Arc<Worker> {
+        self.workers.read()[id].clone()
+    }
+
+    /// The id of the worker named `name` that is not removed.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.workers.read().iter().position(|w| w.name() == name && !w.is_removed())
+    }
+
+    /// Adds a worker at run time; it starts healthy with an empty index. Its id is the next slot.
+    pub fn add_worker(&self, spec: WorkerSpec) -> Result<usize, RoutingError> {
+        let mut workers = self.workers.write();
+        if workers.len() >= MAX_WORKERS {
+            return Err(RoutingError::TooManyWorkers { got: workers.len() + 1, max: MAX_WORKERS });
+        }
+        if workers.iter().any(|w| w.name() == spec.name && !w.is_removed()) {
+            return Err(RoutingError::DuplicateWorker { name: spec.name });
+        }
+        workers.push(Arc::new(Worker::new(spec)));
+        Ok(workers.len() - 1)
+    }
+
+    /// Takes `worker` out of rotation: no new request goes to it; those in flight finish.
+    pub fn drain(&self, worker: usize) {
+        self.worker(worker).set_draining();
+    }
+
+    /// Removes a worker (call once it is drained and idle): never selected again, its blocks forgotten.
+    pub fn remove(&self, worker: usize) {
+        self.worker(worker).set_removed();
+        self.clear_worker(worker);
     }
 
     /// Ranks the selectable workers (healthy, or half-open with no probe out) for a request; `None`
     /// if there is none.
     pub fn select(&self, req: &SelectRequest<'_>) -> Option<Decision> {
         let now = Instant::now();
-        let eligible: Vec<bool> = self.workers.iter().map(|w| w.selectable(now)).collect();
+        let workers = self.workers.read().clone();
+        let eligible: Vec<bool> = workers.iter().map(|w| w.selectable(now)).collect();
         if !eligible.contains(&true) {
             return None;
         }
-        let overlap_sources = self.index.probe_detail(req.blocks, self.workers.len());
+        let overlap_sources = self.index.probe_detail(req.blocks, workers.len());
         let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
-        let inflight: Vec<InFlight> = self.workers.iter().map(|w| w.inflight()).collect();
-        let room: Vec<Option<u64>> = self.workers.iter().map(|w| w.cache_room()).collect();
+        let inflight: Vec<InFlight> = workers.iter().map(|w| w.inflight()).collect();
+        let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
         let candidates =
             Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight, room: &room };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
@@ -265,7 +298,7 @@ impl Router {
 
     /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
     pub fn begin(&self, worker: usize, load: Load) -> LoadGuard {
-        LoadGuard::hold(self.workers[worker].clone(), load)
+        LoadGuard::hold(self.worker(worker), load)
     }
 
     /// Remembers that `worker` was sent a prompt with `blocks` (call at dispatch): `Pending` if the
@@ -281,7 +314,7 @@ impl Router {
     /// SGLang, whose events name image tokens by pad values the router cannot compute, and on vLLM
     /// when the request's kwargs make it rehash the uuids.
     pub fn record_prompt(&self, worker: usize, blocks: &[u64], image_from: usize, uuid_named: bool) {
-        let Some(w) = self.workers.get(worker) else { return };
+        let Some(w) = self.workers.read().get(worker).cloned() else { return };
         let confirmable = match (w.publishes_events(), w.engine()) {
             (false, _) => 0,
             (true, Engine::Vllm) if uuid_named => blocks.len(),
@@ -311,7 +344,7 @@ impl Router {
     /// The active health check failed: `worker` is down and its blocks are forgotten (it died, or
     /// stopped answering: it may come back with an empty cache). Returns true if it was up until now.
     pub fn mark_down(&self, worker: usize) -> bool {
-        let changed = self.workers[worker].with_outlier(|o| o.checked(false, Instant::now()));
+        let changed = self.worker(worker).with_outlier(|o| o.checked(false, Instant::now()));
         if changed {
             self.clear_worker(worker);
         }
@@ -321,21 +354,24 @@ impl Router {
     /// The active health check passed: a down or half-open worker is healthy again (an ejected one
     /// serves its back-off first). Returns true if that changed its state.
     pub fn mark_up(&self, worker: usize) -> bool {
-        self.workers[worker].with_outlier(|o| o.checked(true, Instant::now()))
+        self.worker(worker).with_outlier(|o| o.checked(true, Instant::now()))
     }
 
     /// Claims the right to send one request to `worker` now; `None` if its state refuses (ejected,
     /// down, or half-open with its probe already out).
     pub fn admit(&self, worker: usize) -> Option<Admission> {
-        let w = &self.workers[worker];
+        let w = self.worker(worker);
+        if !w.in_rotation() {
+            return None; // drained or removed since the ranking
+        }
         let probe = w.with_outlier(|o| o.admit(Instant::now()))?;
-        Some(Admission::new(w.clone(), probe))
+        Some(Admission::new(w, probe))
     }
 
     /// A request to `worker` got a good answer; `probe` (see [`Admission::is_probe`]): the half-open
     /// worker's probe, which makes it healthy again.
     pub fn succeeded(&self, worker: usize, probe: bool) -> Option<Transition> {
-        self.workers[worker].with_outlier(|o| o.succeeded(probe))
+        self.worker(worker).with_outlier(|o| o.succeeded(probe))
     }
 
     /// A request to `worker` failed; may eject it (within the pool's ejection cap), or eject it again
@@ -343,13 +379,14 @@ impl Router {
     /// blocks; any other keeps them for its return.
     pub fn failed(&self, worker: usize, failure: Failure, probe: bool) -> Option<Transition> {
         let now = Instant::now();
-        let out = self
-            .workers
-            .iter()
+        let workers = self.workers.read().clone();
+        let live = workers.iter().filter(|w| !w.is_removed());
+        let out = live
+            .clone()
             .filter(|w| !w.is_healthy() && matches!(w.availability(), Availability::Ejected | Availability::HalfOpen))
             .count();
-        let may_eject = out < self.ejection.max_ejected(self.workers.len());
-        let t = self.workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, probe, now));
+        let may_eject = out < self.ejection.max_ejected(live.count());
+        let t = workers[worker].with_outlier(|o| o.failed(failure, &self.ejection, may_eject, probe, now));
         if let Some(Transition::Ejected { clear_index: true, .. }) = t {
             self.clear_worker(worker);
         }
@@ -368,7 +405,7 @@ impl Router {
 
     /// In-flight load per worker (for `/debug` and tests).
     pub fn loads(&self) -> Vec<WorkerLoad> {
-        self.workers.iter().map(|w| WorkerLoad { worker: w.name().to_owned(), inflight: w.inflight() }).collect()
+        self.workers.read().iter().map(|w| WorkerLoad { worker: w.name().to_owned(), inflight: w.inflight() }).collect()
     }
 }
 

@@ -56,6 +56,10 @@ pub struct Worker {
     /// Mirrors "the state machine says plain Healthy", so selection skips the lock in the common case.
     healthy: AtomicBool,
     publishes_events: AtomicBool,
+    /// Draining: takes no new request, keeps those in flight (an operator is taking it out).
+    draining: AtomicBool,
+    /// Removed from its pool: never selected again; its id is not reused.
+    removed: AtomicBool,
     pub(crate) load: LoadCounters,
     cache: CacheRoom,
 }
@@ -77,6 +81,8 @@ impl Worker {
             outlier: Mutex::new(Outlier::new()),
             healthy: AtomicBool::new(true),
             publishes_events: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             load: LoadCounters::default(),
             cache: CacheRoom::default(),
         }
@@ -106,7 +112,29 @@ impl Worker {
 
     /// May selection rank this worker now (healthy, or half-open with no probe out)?
     pub fn selectable(&self, now: Instant) -> bool {
-        self.is_healthy() || self.with_outlier(|o| o.selectable(now))
+        self.in_rotation() && (self.is_healthy() || self.with_outlier(|o| o.selectable(now)))
+    }
+
+    /// Neither draining nor removed: it may take new requests (if its state allows).
+    pub fn in_rotation(&self) -> bool {
+        !self.draining.load(Ordering::Relaxed) && !self.removed.load(Ordering::Relaxed)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_removed(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+        self.removed.store(true, Ordering::Relaxed);
     }
 
     /// Runs `f` on the state machine and refreshes the lock-free mirror.

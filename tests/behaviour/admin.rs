@@ -1,0 +1,148 @@
+//! The admin API: workers added, drained and removed while requests flow, none of them failing.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::harness::*;
+
+fn chat(i: u64) -> Vec<u8> {
+    let text = format!("Request {i}: summarise the history of the printing press in three sentences.");
+    serde_json::to_vec(
+        &serde_json::json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}),
+    )
+    .unwrap()
+}
+
+async fn admin(method: reqwest::Method, url: String, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
+    let mut req = client().request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or_default())
+}
+
+fn names(list: &serde_json::Value) -> Vec<String> {
+    list["pools"][0]["workers"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Closed-loop clients until `stop`; counts answers that are not 200.
+fn load(
+    url: &str,
+    stop: &Arc<AtomicBool>,
+    sent: &Arc<AtomicU64>,
+    failed: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..4)
+        .map(|_| {
+            let (url, stop, sent, failed) = (url.to_owned(), stop.clone(), sent.clone(), failed.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = sent.fetch_add(1, Ordering::Relaxed);
+                    let r = post(&url, chat(i)).await;
+                    if r.status() != 200 || r.bytes().await.is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_added_drained_and_removed_under_load_without_a_failed_request() {
+    let mut all = sims(3, fast).await;
+    let extra = all.pop().unwrap();
+    let c = cluster_with(all, "[routing]\npolicy = \"round_robin\"").await;
+    let (stop, sent, failed) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let clients = load(&c.url, &stop, &sent, &failed);
+    until("traffic", || sent.load(Ordering::Relaxed) > 20).await;
+
+    // Add: the new worker takes traffic.
+    let body = serde_json::json!({"name": extra.name(), "url": extra.url()});
+    let (status, _) =
+        admin(reqwest::Method::POST, format!("{}/admin/pools/{}/workers", c.url, c.state.pools[0].name), Some(body))
+            .await;
+    assert_eq!(status, 201);
+    until("the added worker to serve", || extra.stats().requests > 5).await;
+
+    // Drain: no new request reaches it (at most those in flight when it was drained).
+    let drained = c.sims[0].name().to_owned();
+    let (status, _) = admin(reqwest::Method::POST, format!("{}/admin/workers/{drained}/drain", c.url), None).await;
+    assert_eq!(status, 202);
+    let at_drain = c.sims[0].stats().requests;
+    let before = sent.load(Ordering::Relaxed);
+    until("more traffic", || sent.load(Ordering::Relaxed) > before + 40).await;
+    assert!(c.sims[0].stats().requests <= at_drain + 4, "a drained worker got new requests");
+
+    // Remove: it leaves the list once idle, and takes nothing more.
+    let removed = c.sims[1].name().to_owned();
+    let (status, _) = admin(reqwest::Method::DELETE, format!("{}/admin/workers/{removed}", c.url), None).await;
+    assert_eq!(status, 202);
+    let state = c.state.clone();
+    until("the removal", || state.pools[0].router.find(&removed).is_none()).await;
+    let at_removal = c.sims[1].stats().requests;
+    let before = sent.load(Ordering::Relaxed);
+    until("more traffic", || sent.load(Ordering::Relaxed) > before + 40).await;
+    assert_eq!(c.sims[1].stats().requests, at_removal, "a removed worker got requests");
+
+    stop.store(true, Ordering::Relaxed);
+    for h in clients {
+        h.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "of {} requests", sent.load(Ordering::Relaxed));
+    let (_, list) = admin(reqwest::Method::GET, format!("{}/admin/workers", c.url), None).await;
+    let listed = names(&list);
+    assert!(
+        listed.contains(&extra.name().to_owned()) && listed.contains(&drained) && !listed.contains(&removed),
+        "{list}"
+    );
+    let w0 = list["pools"][0]["workers"].as_array().unwrap().iter().find(|w| w["name"] == drained.as_str()).unwrap();
+    assert_eq!(w0["draining"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_mistakes_get_clear_errors_and_admin_keys_guard_it() {
+    let c = cluster_with(sims(1, fast).await, "[auth]\nadmin_keys = [\"sekrit\"]").await;
+    let list = format!("{}/admin/workers", c.url);
+    assert_eq!(client().get(&list).send().await.unwrap().status(), 401);
+    let with_key = |req: reqwest::RequestBuilder| req.bearer_auth("sekrit");
+    assert_eq!(with_key(client().get(&list)).send().await.unwrap().status(), 200);
+    let pool = &c.state.pools[0].name;
+    for (url, body, status) in [
+        (
+            format!("{}/admin/pools/nope/workers", c.url),
+            serde_json::json!({"name": "x", "url": "http://127.0.0.1:9"}),
+            404,
+        ),
+        (
+            format!("{}/admin/pools/{pool}/workers", c.url),
+            serde_json::json!({"name": c.sims[0].name(), "url": "http://127.0.0.1:9"}),
+            409,
+        ),
+        (
+            format!("{}/admin/pools/{pool}/workers", c.url),
+            serde_json::json!({"name": "x", "url": "ftp://nowhere"}),
+            400,
+        ),
+    ] {
+        let r = with_key(client().post(&url)).json(&body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{url} {body}");
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert!(err["error"]["message"].is_string(), "{err}");
+    }
+    let r = with_key(client().post(format!("{}/admin/workers/nope/drain", c.url))).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
