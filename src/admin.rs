@@ -5,6 +5,7 @@
 //! POST   /admin/pools/{pool}/workers         {"name", "url", "engine"?}: a new worker, in rotation at once
 //! POST   /admin/workers/{name}/drain         no new requests; those in flight finish
 //! DELETE /admin/workers/{name}               drain, then remove once its in-flight requests have ended
+//! POST   /admin/reload                       re-read the config file, apply its worker changes
 //! ```
 //!
 //! With `[auth] admin_keys` these need an admin key (the auth layer); without, only loopback clients
@@ -35,6 +36,7 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
         .route("/admin/pools/{pool}/workers", axum::routing::post(add))
         .route("/admin/workers/{name}/drain", axum::routing::post(drain))
         .route("/admin/workers/{name}", axum::routing::delete(remove))
+        .route("/admin/reload", axum::routing::post(reload))
         .layer(axum::middleware::from_fn(loopback_without_admin_keys))
 }
 
@@ -97,7 +99,8 @@ async fn add(State(st): State<Arc<AppState>>, Path(pool): Path<String>, Json(new
     if let Err(e) = crate::config::check_worker_url(&new.url) {
         return ApiError::bad_request("invalid_worker", e.to_string()).into_response();
     }
-    if st.pools.iter().any(|p| p.router.find(&new.name).is_some()) {
+    let active = |p: &crate::state::Pool| p.router.find(&new.name).is_some_and(|w| p.router.worker(w).in_rotation());
+    if st.pools.iter().any(active) {
         return conflict(format!("a worker named '{}' exists", new.name));
     }
     let spec = WorkerSpec { name: new.name.clone(), url: new.url.clone(), engine: new.engine };
@@ -125,19 +128,36 @@ async fn remove(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Re
     let Some((router, w)) = locate(&st, &name) else {
         return not_found(format!("no worker named '{name}'"));
     };
+    let p = st.pools.iter().position(|p| std::ptr::eq(&p.router, router)).unwrap_or(0);
+    retire(&st, p, w);
+    (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true, "removing": true}))).into_response()
+}
+
+/// Drains worker `w` of pool `p` now and removes it once its in-flight requests have ended.
+pub fn retire(st: &Arc<AppState>, p: usize, w: usize) {
+    let router = &st.pools[p].router;
     router.drain(w);
-    let (weak, pool) = (Arc::downgrade(&st), st.pools.iter().position(|p| std::ptr::eq(&p.router, router)));
-    let worker = router.worker(w);
+    let (weak, worker) = (Arc::downgrade(st), router.worker(w));
     tokio::spawn(async move {
         while worker.inflight().requests > 0 {
             tokio::time::sleep(REMOVAL_POLL).await;
         }
-        if let (Some(st), Some(p)) = (weak.upgrade(), pool) {
+        if let Some(st) = weak.upgrade() {
             st.pools[p].router.remove(w);
-            tracing::info!(worker = %worker.name(), "admin: worker removed");
+            tracing::info!(worker = %worker.name(), "worker removed");
         }
     });
-    (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true, "removing": true}))).into_response()
+}
+
+/// `POST /admin/reload`: re-reads the config file (see [`crate::reload`]).
+async fn reload(State(st): State<Arc<AppState>>) -> Response {
+    let Some(path) = st.config_path.get().cloned() else {
+        return conflict("this router was not started from a config file".into());
+    };
+    match crate::reload::reload_file(&st, &path) {
+        Ok(applied) => Json(json!({"reloaded": path, "applied": applied})).into_response(),
+        Err(e) => ApiError::bad_request("config_rejected", e).into_response(),
+    }
 }
 
 fn locate<'a>(st: &'a AppState, name: &str) -> Option<(&'a Router, usize)> {

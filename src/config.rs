@@ -82,6 +82,9 @@ pub struct ServerSection {
     pub upstream_idle_timeout_ms: u64,
     /// How often each worker's `/health` is polled; 0 disables active checks.
     pub health_interval_ms: u64,
+    /// How often the config file is checked for changes, applied like a reload (SIGHUP); 0: never.
+    /// For deployment tools that write the worker list into the file (a ConfigMap, a sidecar).
+    pub watch_config_ms: u64,
     /// A client must finish sending a request head within this (HTTP/1); it also bounds how long an
     /// idle keep-alive connection waits for its next request, as hyper runs one timer for both.
     pub header_read_timeout_ms: u64,
@@ -116,6 +119,7 @@ impl Default for ServerSection {
             total_timeout_ms: 1_800_000,
             upstream_idle_timeout_ms: 120_000,
             health_interval_ms: 2_000,
+            watch_config_ms: 0,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
             idle_timeout_ms: 30_000,
@@ -304,6 +308,8 @@ pub struct ServerSettings {
     pub upstream_idle_timeout: Duration,
     /// `None`: no active health checks.
     pub health_interval: Option<Duration>,
+    /// `None`: the config file is not watched.
+    pub watch_config: Option<Duration>,
     /// The client side: timeouts, caps, drain, logs.
     pub conn: ConnSettings,
 }
@@ -361,6 +367,7 @@ impl Default for ServerSettings {
             total_timeout: Duration::from_millis(s.total_timeout_ms),
             upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
             health_interval: Some(Duration::from_millis(s.health_interval_ms)),
+            watch_config: None,
             conn: ConnSettings::default(),
         }
     }
@@ -457,6 +464,7 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         total_timeout: Duration::from_millis(s.total_timeout_ms),
         upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
         health_interval: (s.health_interval_ms > 0).then(|| Duration::from_millis(s.health_interval_ms)),
+        watch_config: (s.watch_config_ms > 0).then(|| Duration::from_millis(s.watch_config_ms)),
         conn: conn_settings(s)?,
     })
 }

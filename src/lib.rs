@@ -24,6 +24,7 @@ pub mod health;
 pub mod logging;
 pub mod observe;
 pub mod proxy;
+pub mod reload;
 pub mod render;
 pub mod retry;
 pub mod server;

@@ -123,7 +123,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| anyhow::anyhow!("server.listen {}: {e}", cfg.server.listen))?;
             tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
-            mmrouter::server::serve(cfg, listener, shutdown_signal()).await
+            mmrouter::server::serve_file(cfg, config, listener, shutdown_signal()).await
         }
         Cmd::Demo { port, workers, models } => mmrouter::demo::run(port, workers, &models, shutdown_signal()).await,
         Cmd::Sim(opts) => mmrouter_sim::run_exact(opts, shutdown_signal()).await,

@@ -48,6 +48,42 @@ pub async fn serve(
     Ok(())
 }
 
+/// [`serve`] for a config read from `path`: SIGHUP (Unix) and `POST /admin/reload` re-read it, and
+/// `server.watch_config_ms` watches it (see [`crate::reload`]).
+pub async fn serve_file(
+    cfg: Settings,
+    path: std::path::PathBuf,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(&cfg)?;
+    let _ = state.config_path.set(path.clone());
+    if let Some(every) = cfg.server.watch_config {
+        crate::reload::spawn_watch(&state, path.clone(), every);
+    }
+    spawn_sighup(&state, path);
+    serve_state(&cfg, state, listener, shutdown).await;
+    Ok(())
+}
+
+#[cfg(unix)]
+fn spawn_sighup(state: &Arc<AppState>, path: std::path::PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let Some(st) = weak.upgrade() else { return };
+            if let Err(e) = crate::reload::reload_file(&st, &path) {
+                tracing::error!("SIGHUP: {} not applied: {e}", path.display());
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_: &Arc<AppState>, _: std::path::PathBuf) {}
+
 /// Like [`serve`], around a prepared state. Returns once drained (at most `server.drain_delay_ms` +
 /// `server.drain_timeout_ms` after `shutdown` resolves).
 pub async fn serve_state(

@@ -25,6 +25,10 @@ pub struct AppState {
     /// Permits to plan a large prompt on the blocking pool: one per core, so big prompts queue for
     /// CPU among themselves instead of starving the async workers (`/health`, small requests).
     pub planners: tokio::sync::Semaphore,
+    /// The config in force (a reload diffs the new file against it).
+    pub running: std::sync::Mutex<Settings>,
+    /// The file it was read from, when there is one (`POST /admin/reload`).
+    pub config_path: OnceLock<std::path::PathBuf>,
 }
 
 /// One model and its workers: its own pipeline, index and load state.
@@ -70,6 +74,8 @@ impl AppState {
             retry_budget: RetryBudget::new(&cfg.retries),
             max_body_bytes: cfg.server.max_body_bytes,
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            running: std::sync::Mutex::new(cfg.clone()),
+            config_path: OnceLock::new(),
         }))
     }
 

@@ -16,3 +16,4 @@ mod metrics_format;
 mod openai_sdk;
 mod pools;
 mod proxy;
+mod reload;

@@ -247,9 +247,11 @@ impl Router {
         self.workers.read()[id].clone()
     }
 
-    /// The id of the worker named `name` that is not removed.
+    /// The id of the worker named `name`: the one in rotation, else one still draining (not removed).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.workers.read().iter().position(|w| w.name() == name && !w.is_removed())
+        let workers = self.workers.read();
+        let named = |keep: fn(&Worker) -> bool| workers.iter().position(|w| w.name() == name && keep(w));
+        named(Worker::in_rotation).or_else(|| named(|w| !w.is_removed()))
     }
 
     /// Adds a worker at run time; it starts healthy with an empty index. Its id is the next slot.
@@ -258,7 +260,8 @@ impl Router {
         if workers.len() >= MAX_WORKERS {
             return Err(RoutingError::TooManyWorkers { got: workers.len() + 1, max: MAX_WORKERS });
         }
-        if workers.iter().any(|w| w.name() == spec.name && !w.is_removed()) {
+        // A draining worker of that name is on its way out (a reload replacing its URL).
+        if workers.iter().any(|w| w.name() == spec.name && w.in_rotation()) {
             return Err(RoutingError::DuplicateWorker { name: spec.name });
         }
         workers.push(Arc::new(Worker::new(spec)));

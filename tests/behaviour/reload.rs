@@ -1,0 +1,159 @@
+//! Reloading the config file while serving: worker changes applied, anything else refused, an
+//! invalid file refused with the running config kept; the file watch applies changes by itself.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::harness::*;
+
+fn config(extra: &str, workers: &[&mmrouter_sim::SimHandle]) -> String {
+    let mut toml = format!("{extra}\n[routing]\npolicy = \"round_robin\"\n\n");
+    for s in workers {
+        toml.push_str(&format!("[[workers]]\nname = {:?}\nurl = {:?}\n\n", s.name(), s.url()));
+    }
+    toml
+}
+
+/// A router served from the config file at `path`, as `mmrouter serve --config` runs it.
+async fn serve_file(path: &Path) -> String {
+    let cfg = mmrouter::config::Settings::load(path).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let path = path.to_owned();
+    tokio::spawn(async move { mmrouter::server::serve_file(cfg, path, listener, std::future::pending()).await });
+    url
+}
+
+async fn workers(url: &str) -> Vec<String> {
+    let list: serde_json::Value =
+        client().get(format!("{url}/admin/workers")).send().await.unwrap().json().await.unwrap();
+    let mut names: Vec<String> = list["pools"][0]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["draining"] == false)
+        .map(|w| w["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+async fn reload(url: &str) -> (u16, serde_json::Value) {
+    let r = client().post(format!("{url}/admin/reload")).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_worker_changes_and_refuses_the_rest() {
+    let s = sims(3, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    std::fs::write(&path, config("", &[&s[0], &s[1]])).unwrap();
+    let url = serve_file(&path).await;
+    assert_eq!(post(&url, chat_body(&[], "hi", false)).await.status(), 200);
+
+    // Workers: sim1 out, sim2 in.
+    std::fs::write(&path, config("", &[&s[0], &s[2]])).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["added"], serde_json::json!([s[2].name()]));
+    assert_eq!(body["applied"]["removed"], serde_json::json!([s[1].name()]));
+    assert_eq!(workers(&url).await, sorted(&[s[0].name(), s[2].name()]));
+    let before = s[1].stats().requests;
+    for _ in 0..6 {
+        assert_eq!(post(&url, chat_body(&[], "hello again", false)).await.status(), 200);
+    }
+    assert!(s[2].stats().requests > 0, "the added worker got nothing");
+    assert_eq!(s[1].stats().requests, before, "the removed worker still got requests");
+
+    // An invalid file, or a change a reload cannot apply: refused, the running config stays.
+    for (text, needle) in [
+        ("[[workers]\nname = ".to_owned(), "config"),
+        (config("[model]\ndir = \"qwen2.5-vl\"\n", &[&s[0]]), "restart"),
+        (config("[server]\nmax_body_bytes = 1000\n", &[&s[0]]), "restart"),
+    ] {
+        std::fs::write(&path, &text).unwrap();
+        let (status, body) = reload(&url).await;
+        assert_eq!(status, 400, "{text}");
+        assert_eq!(body["error"]["code"], "config_rejected");
+        assert!(body["error"]["message"].as_str().unwrap().contains(needle), "{body}");
+        assert_eq!(workers(&url).await, sorted(&[s[0].name(), s[2].name()]));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_watch_applies_a_written_worker_list() {
+    let s = sims(2, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let watch = "[server]\nwatch_config_ms = 50\n";
+    std::fs::write(&path, config(watch, &[&s[0]])).unwrap();
+    let url = serve_file(&path).await;
+    assert_eq!(workers(&url).await, sorted(&[s[0].name()]));
+    // A deployment tool rewrites the file (a ConfigMap update, a sidecar): no signal, no call.
+    tokio::time::sleep(Duration::from_millis(20)).await; // a distinct modification time
+    std::fs::write(&path, config(watch, &[&s[0], &s[1]])).unwrap();
+    for _ in 0..200 {
+        if workers(&url).await.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(workers(&url).await, sorted(&[s[0].name(), s[1].name()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_makes_the_binary_reread_its_config() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let file = |workers: &[&str]| {
+        let mut toml = "[server]\nlisten = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n\n".to_owned();
+        for w in workers {
+            toml.push_str(&format!("[[workers]]\nname = \"{w}\"\nurl = \"http://127.0.0.1:9\"\n\n"));
+        }
+        toml
+    };
+    std::fs::write(&path, file(&["w1"])).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = rx
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("listening on http://").nth(1)?;
+            Some(rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect::<String>())
+        })
+        .expect("the binary logs its address");
+    let url = format!("http://{addr}");
+    assert_eq!(workers(&url).await, ["w1"]);
+    std::fs::write(&path, file(&["w1", "w2"])).unwrap();
+    let hup = std::process::Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap();
+    assert!(hup.success());
+    for _ in 0..200 {
+        if workers(&url).await.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let seen = workers(&url).await;
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert_eq!(seen, ["w1", "w2"]);
+}
