@@ -13,6 +13,11 @@ pub const REQUESTS_TOTAL: &str = "mmrouter_requests_total";
 /// Counter `{reason}`: a request refused before routing, by its error code (`prompt_too_long`,
 /// `image_url_blocked`, `invalid_json`, …); also counted in [`REQUESTS_TOTAL`] as `route="rejected"`.
 pub const REJECTED_TOTAL: &str = "mmrouter_rejected_total";
+/// Counter `{pool}`: requests routed to each pool (by their `model`). Pools are few and named in the
+/// config, so the label stays bounded; join per-worker series to pools with [`WORKER_INFO`].
+pub const POOL_REQUESTS_TOTAL: &str = "mmrouter_pool_requests_total";
+/// Gauge `{worker, pool, engine}` = 1: which pool each worker serves (for joins in dashboards).
+pub const WORKER_INFO: &str = "mmrouter_worker_info";
 /// Counter `{reason}`: a request with media fell back to text-prefix routing.
 pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
 /// Histogram: image tokens of an exact-routed request.
@@ -126,6 +131,7 @@ pub struct Observer {
     requests: Cache<(&'static str, u16), Counter>,
     rejected: Cache<u16, Counter>,
     rejected_reasons: Cache<&'static str, Counter>,
+    pool_requests: Cache<String, Counter>,
     fallback: Cache<&'static str, Counter>,
     upstream: Cache<(String, String), Counter>,
     retries: Cache<&'static str, Counter>,
@@ -175,6 +181,7 @@ impl Observer {
             requests: Cache::new(),
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
+            pool_requests: Cache::new(),
             fallback: Cache::new(),
             upstream: Cache::new(),
             retries: Cache::new(),
@@ -255,6 +262,11 @@ impl Observer {
     }
 
     /// A proxied request ended with `status` under `route`.
+    /// A request's `model` picked `pool`.
+    pub fn pool_request(&self, pool: &str) {
+        self.pool_requests.get(pool.to_owned(), |p| self.counter(POOL_REQUESTS_TOTAL, &[("pool", p)])).increment(1);
+    }
+
     pub fn finished(&self, route: Route, status: u16) {
         let label = route.label();
         let c = self
@@ -395,16 +407,16 @@ impl Observer {
 
     /// The Prometheus text exposition, with the worker gauges, the index size and the event feeds'
     /// counters read from their owners.
-    pub fn render<'a>(&self, pools: impl IntoIterator<Item = (&'a Router, &'a [Arc<WorkerFeeds>])>) -> String {
+    pub fn render<'a>(&self, pools: impl IntoIterator<Item = (&'a str, &'a Router, &'a [Arc<WorkerFeeds>])>) -> String {
         let pools: Vec<_> = pools.into_iter().collect();
-        self.index_blocks.set(pools.iter().map(|(r, _)| r.index_blocks()).sum::<usize>() as f64);
+        self.index_blocks.set(pools.iter().map(|(_, r, _)| r.index_blocks()).sum::<usize>() as f64);
         let (mut events, mut pending, mut approximate) = (0, 0, 0);
-        for (router, feeds) in &pools {
+        for (pool, router, feeds) in &pools {
             let by_source = router.index_entries();
             (events, pending, approximate) =
                 (events + by_source.events, pending + by_source.pending, approximate + by_source.approximate);
             self.render_feeds(router, feeds);
-            self.render_workers(router);
+            self.render_workers(pool, router);
         }
         for (source, n) in [("events", events), ("pending", pending), ("approximate", approximate)] {
             let g = self.index_by_source.get(source, |s| {
@@ -415,8 +427,15 @@ impl Observer {
         self.handle.render()
     }
 
-    fn render_workers(&self, router: &Router) {
+    fn render_workers(&self, pool: &str, router: &Router) {
         for w in router.workers() {
+            let engine = match w.engine() {
+                mmrouter_core::routing::Engine::Vllm => "vllm",
+                mmrouter_core::routing::Engine::Sglang => "sglang",
+            };
+            let info = Self::key(WORKER_INFO, &[("worker", w.name()), ("pool", pool), ("engine", engine)]);
+            // A removed worker's series drops to 0 rather than vanishing mid-scrape history.
+            self.recorder.register_gauge(&info, &METADATA).set(if w.is_removed() { 0.0 } else { 1.0 });
             let load = w.inflight();
             let gauge = |name: &'static str| {
                 self.worker_gauges.get((name, w.name().to_owned()), |(n, w)| {
@@ -474,6 +493,8 @@ fn describe(r: &PrometheusRecorder) {
     };
     counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status (stream_error: body cut after the status).");
     counter(REJECTED_TOTAL, "Requests refused before routing, by error code.");
+    counter(POOL_REQUESTS_TOTAL, "Requests routed to each pool by their model.");
+    gauge(WORKER_INFO, "1 per worker: the pool it serves and its engine.");
     counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
     histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");
@@ -529,28 +550,31 @@ mod tests {
         a.finished(Route::Exact, 200);
         let r = router();
         assert_eq!(
-            sample(&a.render([(&r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"),
+            sample(&a.render([("p", &r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"),
             Some(2.0)
         );
-        assert_eq!(sample(&b.render([(&r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"), None);
+        assert_eq!(
+            sample(&b.render([("p", &r, &[][..])]), "mmrouter_requests_total{route=\"exact\",status=\"200\"}"),
+            None
+        );
     }
 
     #[test]
     fn worker_gauges_follow_the_load_at_scrape_time() {
         let (o, r) = (Observer::new(), router());
         let mut text = r.begin(0, Load { prefill_tokens: 30, decode_tokens: 5, image_tokens: 0 });
-        let page = o.render([(&r, &[][..])]);
+        let page = o.render([("p", &r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(1.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_prefill_tokens{worker=\"w0\"}"), Some(30.0));
         // A text-only (or fallback) request never touches the image gauge.
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"));
         let img = r.begin(0, Load { prefill_tokens: 100, decode_tokens: 20, image_tokens: 64 });
-        let page = o.render([(&r, &[][..])]);
+        let page = o.render([("p", &r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(64.0));
         text.first_byte();
         drop(img);
         drop(text);
-        let page = o.render([(&r, &[][..])]);
+        let page = o.render([("p", &r, &[][..])]);
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));

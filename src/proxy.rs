@@ -42,6 +42,7 @@ pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> R
     let Some(p) = st.pool_for(request.str_field("model")) else {
         return rejected(&st, ApiError::model_not_found(request.str_field("model")));
     };
+    st.observe.pool_request(&st.pools[p].name);
     let planned = match plan(&st, p, request, &bytes).await {
         Ok(planned) => planned,
         Err(e) => return rejected(&st, e),

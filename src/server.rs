@@ -146,7 +146,7 @@ async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response 
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
-    let page = st.observe.render(st.pools.iter().map(|p| (&p.router, p.feeds())));
+    let page = st.observe.render(st.pools.iter().map(|p| (p.name.as_str(), &p.router, p.feeds())));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
 }
 

@@ -61,6 +61,11 @@ async fn the_requests_model_picks_the_pool_each_with_its_own_index() {
     assert!(pools[0].router.index_blocks() > pools[1].router.index_blocks());
     assert!(pools[1].router.index_blocks() > 0);
     assert_eq!(pools[0].router.workers().len(), 1);
+    let m = metrics_text(&c.url).await;
+    assert_eq!(metric(&m, mmrouter::observe::POOL_REQUESTS_TOTAL, "pool=\"qwen3\""), 3.0);
+    assert_eq!(metric(&m, mmrouter::observe::POOL_REQUESTS_TOTAL, "pool=\"qwen25\""), 1.0);
+    let info = format!("worker=\"{b}\",pool=\"qwen25\",engine=\"vllm\"");
+    assert_eq!(metric(&m, mmrouter::observe::WORKER_INFO, &info), 1.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
