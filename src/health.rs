@@ -35,14 +35,15 @@ pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
 
 /// One round of checks over a pool's workers, concurrently.
 async fn check_pool(client: &reqwest::Client, router: &mmrouter_core::routing::Router) {
-    let workers = router.workers();
-    let checks = workers.iter().map(|w| {
+    // Removed workers keep their slot (ids are for good) but are no longer checked.
+    let live: Vec<(usize, _)> = router.workers().into_iter().enumerate().filter(|(_, w)| !w.is_removed()).collect();
+    let checks = live.iter().map(|(_, w)| {
         let url = format!("{}/health", w.url().trim_end_matches('/'));
         let client = client.clone();
         async move { matches!(client.get(url).send().await, Ok(r) if r.status().is_success()) }
     });
     let results = futures_util::future::join_all(checks).await;
-    for (i, ok) in results.into_iter().enumerate().filter(|&(i, _)| !workers[i].is_removed()) {
+    for (&(i, _), ok) in live.iter().zip(results) {
         let changed = if ok { router.mark_up(i) } else { router.mark_down(i) };
         if changed {
             tracing::warn!(worker = %router.worker(i).name(), healthy = ok, "worker health changed");

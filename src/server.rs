@@ -129,7 +129,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 /// has started (so a load balancer stops sending first).
 async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let draining = req.extensions().get::<Arc<Front>>().is_some_and(|f| f.is_draining());
-    let workers: Vec<_> = st.pools.iter().flat_map(|p| p.router.workers()).collect();
+    let workers: Vec<_> = st.pools.iter().flat_map(|p| p.router.workers()).filter(|w| !w.is_removed()).collect();
     let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
     let label = match (draining, healthy.is_empty()) {
         (true, _) => "draining",
