@@ -25,7 +25,7 @@ use mmrouter_core::routing::{Engine, Router, WorkerSpec};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, Pool};
 
 /// How often a removal checks whether the drained worker's requests have ended.
 const REMOVAL_POLL: Duration = Duration::from_millis(50);
@@ -58,7 +58,7 @@ async fn loopback_without_admin_keys(req: Request, next: Next) -> Response {
 
 async fn list(State(st): State<Arc<AppState>>) -> Json<Value> {
     let pools: Vec<Value> = st
-        .pools
+        .pools()
         .iter()
         .map(|p| json!({"name": p.name, "models": p.models, "workers": workers_json(&p.router)}))
         .collect();
@@ -93,14 +93,15 @@ struct NewWorker {
 }
 
 async fn add(State(st): State<Arc<AppState>>, Path(pool): Path<String>, Json(new): Json<NewWorker>) -> Response {
-    let Some(p) = st.pools.iter().find(|p| p.name == pool) else {
+    let pools = st.pools();
+    let Some(p) = pools.iter().find(|p| p.name == pool) else {
         return not_found(format!("no pool named '{pool}'"));
     };
     if let Err(e) = crate::config::check_worker_url(&new.url) {
         return ApiError::bad_request("invalid_worker", e.to_string()).into_response();
     }
-    let active = |p: &crate::state::Pool| p.router.find(&new.name).is_some_and(|w| p.router.worker(w).in_rotation());
-    if st.pools.iter().any(active) {
+    let active = |p: &Arc<Pool>| p.router.find(&new.name).is_some_and(|w| p.router.worker(w).in_rotation());
+    if pools.iter().any(active) {
         return conflict(format!("a worker named '{}' exists", new.name));
     }
     let spec = WorkerSpec { name: new.name.clone(), url: new.url.clone(), engine: new.engine };
@@ -114,10 +115,10 @@ async fn add(State(st): State<Arc<AppState>>, Path(pool): Path<String>, Json(new
 }
 
 async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    let Some((router, w)) = locate(&st, &name) else {
+    let Some((pool, w)) = locate(&st, &name) else {
         return not_found(format!("no worker named '{name}'"));
     };
-    router.drain(w);
+    pool.router.drain(w);
     tracing::info!(worker = %name, "admin: worker draining");
     (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true}))).into_response()
 }
@@ -125,25 +126,23 @@ async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Res
 /// Drains the worker now and removes it once its in-flight requests have ended (a background task),
 /// so no request is cut.
 async fn remove(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    let Some((router, w)) = locate(&st, &name) else {
+    let Some((pool, w)) = locate(&st, &name) else {
         return not_found(format!("no worker named '{name}'"));
     };
-    let p = st.pools.iter().position(|p| std::ptr::eq(&p.router, router)).unwrap_or(0);
-    retire(&st, p, w);
+    retire(&pool, w);
     (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true, "removing": true}))).into_response()
 }
 
-/// Drains worker `w` of pool `p` now and removes it once its in-flight requests have ended.
-pub fn retire(st: &Arc<AppState>, p: usize, w: usize) {
-    let router = &st.pools[p].router;
-    router.drain(w);
-    let (weak, worker) = (Arc::downgrade(st), router.worker(w));
+/// Drains worker `w` of `pool` now and removes it once its in-flight requests have ended.
+pub fn retire(pool: &Arc<Pool>, w: usize) {
+    pool.router.drain(w);
+    let (weak, worker) = (Arc::downgrade(pool), pool.router.worker(w));
     tokio::spawn(async move {
         while worker.inflight().requests > 0 {
             tokio::time::sleep(REMOVAL_POLL).await;
         }
-        if let Some(st) = weak.upgrade() {
-            st.pools[p].router.remove(w);
+        if let Some(pool) = weak.upgrade() {
+            pool.router.remove(w);
             tracing::info!(worker = %worker.name(), "worker removed");
         }
     });
@@ -160,8 +159,8 @@ async fn reload(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
-fn locate<'a>(st: &'a AppState, name: &str) -> Option<(&'a Router, usize)> {
-    st.pools.iter().find_map(|p| p.router.find(name).map(|w| (&p.router, w)))
+fn locate(st: &AppState, name: &str) -> Option<(Arc<Pool>, usize)> {
+    st.pools().iter().find_map(|p| p.router.find(name).map(|w| (p.clone(), w)))
 }
 
 fn not_found(message: String) -> Response {

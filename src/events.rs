@@ -16,7 +16,7 @@ use mmrouter_kv_events::discovery::{parse_sglang_server_info, parse_vllm_kv_even
 use mmrouter_kv_events::{spawn_feed, FeedConfig, FeedEvent, FeedHandle, FeedStats};
 
 use crate::config::{EventSource, WorkerSettings};
-use crate::state::AppState;
+use crate::state::{AppState, Pool};
 
 /// Most engine block hashes one worker's event state tracks (a GPU holds far fewer blocks); beyond it
 /// the worker's state is reset rather than grow.
@@ -26,8 +26,8 @@ const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
 
 /// One worker's feeds and event state.
 pub struct WorkerFeeds {
-    /// The worker's pool, and its index there.
-    pub pool: usize,
+    /// The worker's pool (weak: the pool owns its feeds; a reload may replace it), and its index there.
+    pub pool: std::sync::Weak<Pool>,
     pub worker: usize,
     ingest: Arc<Mutex<WorkerEvents>>,
     handles: Mutex<Vec<FeedHandle>>,
@@ -46,17 +46,17 @@ impl WorkerFeeds {
 }
 
 /// Starts the feeds of every worker that publishes events; the returned list lives in the state.
-pub fn start(st: &Arc<AppState>, pool: usize, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
-    let pipeline = &st.pools[pool].pipeline;
+pub fn start(st: &Arc<AppState>, pool: &Arc<Pool>, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
+    let pipeline = &pool.pipeline;
     let model = pipeline.model_name().to_owned();
     let block_size = pipeline.block_size();
     let vocab = pipeline.vocab_size();
     let mut out = Vec::new();
     for (w, settings) in workers.iter().enumerate() {
         let Some(source) = settings.events.clone() else { continue };
-        st.pools[pool].router.worker(w).set_publishes_events(true);
+        pool.router.worker(w).set_publishes_events(true);
         let feeds = Arc::new(WorkerFeeds {
-            pool,
+            pool: Arc::downgrade(pool),
             worker: w,
             ingest: Arc::new(Mutex::new(WorkerEvents::new(&model, block_size, MAX_TRACKED_BLOCKS).with_vocab(vocab))),
             handles: Mutex::new(Vec::new()),
@@ -143,8 +143,8 @@ async fn follow(
     mut rx: tokio::sync::mpsc::Receiver<FeedEvent>,
 ) {
     while let Some(event) = rx.recv().await {
-        let Some(st) = st.upgrade() else { return };
-        let (router, w) = (&st.pools[feeds.pool].router, feeds.worker);
+        let (Some(st), Some(pool)) = (st.upgrade(), feeds.pool.upgrade()) else { return };
+        let (router, w) = (&pool.router, feeds.worker);
         match event {
             FeedEvent::Batch { batch, .. } => {
                 st.observe.event_lag(router.worker(w).name(), lag(batch.ts));

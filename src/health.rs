@@ -26,7 +26,7 @@ pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
         loop {
             tick.tick().await;
             let Some(st) = weak.upgrade() else { return };
-            for pool in &st.pools {
+            for pool in st.pools().iter() {
                 check_pool(&client, &pool.router).await;
             }
         }

@@ -25,7 +25,7 @@ use mmrouter_core::routing::{Decision, Engine, Failure, Load, LoadGuard, Router,
 use crate::error::ApiError;
 use crate::observe::stage;
 use crate::retry::RetryReason;
-use crate::state::AppState;
+use crate::state::{AppState, Pool};
 use crate::upstream::{end_to_end, EndReport, Outcome, Relay, RelayLimits, UpstreamError};
 
 /// `POST /v1/chat/completions` and `/v1/completions`.
@@ -39,16 +39,16 @@ pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> R
         Ok(r) => r,
         Err(e) => return rejected(&st, e.into()),
     };
-    let Some(p) = st.pool_for(request.str_field("model")) else {
+    let Some(pool) = st.pool_for(request.str_field("model")) else {
         return rejected(&st, ApiError::model_not_found(request.str_field("model")));
     };
-    st.observe.pool_request(&st.pools[p].name);
-    let planned = match plan(&st, p, request, &bytes).await {
+    st.observe.pool_request(&pool.name);
+    let planned = match plan(&st, &pool, request, &bytes).await {
         Ok(planned) => planned,
         Err(e) => return rejected(&st, e),
     };
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path()).to_owned();
-    forward(&st, p, &planned.plan, parts.method, &path, &parts.headers, bytes).await
+    forward(&st, &pool, &planned.plan, parts.method, &path, &parts.headers, bytes).await
 }
 
 /// Text (bytes of the body outside image URLs) up to which a request is planned on the async
@@ -57,26 +57,31 @@ const INLINE_PLAN_BYTES: usize = 64 * 1024;
 
 /// Parse and plan; the observe stage records what planning took. Large prompts are planned on the
 /// blocking pool, at most one per core at a time.
-async fn plan(st: &Arc<AppState>, p: usize, request: ParsedRequest<'_>, bytes: &Bytes) -> Result<Planned, ApiError> {
+async fn plan(
+    st: &Arc<AppState>,
+    pool: &Arc<Pool>,
+    request: ParsedRequest<'_>,
+    bytes: &Bytes,
+) -> Result<Planned, ApiError> {
     let text_bytes = bytes.len().saturating_sub(request.images.iter().map(|i| i.url.len()).sum());
     let planned = if text_bytes <= INLINE_PLAN_BYTES {
-        st.pools[p].pipeline.plan(&request).await?
+        pool.pipeline.plan(&request).await?
     } else {
         let endpoint = request.endpoint;
         drop(request);
-        plan_blocking(st, p, endpoint, bytes.clone()).await?
+        plan_blocking(st, pool, endpoint, bytes.clone()).await?
     };
     st.observe.planned(&planned);
     Ok(planned)
 }
 
 /// Plans on the blocking pool under a planning permit; image fetches still run on the runtime.
-async fn plan_blocking(st: &Arc<AppState>, p: usize, endpoint: Endpoint, bytes: Bytes) -> Result<Planned, ApiError> {
+async fn plan_blocking(st: &AppState, pool: &Arc<Pool>, endpoint: Endpoint, bytes: Bytes) -> Result<Planned, ApiError> {
     let _permit = st.planners.acquire().await.map_err(|_| ApiError::internal("planning pool closed"))?;
-    let (st, runtime) = (Arc::clone(st), tokio::runtime::Handle::current());
+    let (pool, runtime) = (Arc::clone(pool), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || {
         let request = ParsedRequest::parse(endpoint, &bytes)?;
-        Ok(runtime.block_on(st.pools[p].pipeline.plan(&request))?)
+        Ok(runtime.block_on(pool.pipeline.plan(&request))?)
     })
     .await
     .map_err(|e| ApiError::internal(format!("planning failed: {e}")))?
@@ -89,7 +94,7 @@ async fn plan_blocking(st: &Arc<AppState>, p: usize, endpoint: Endpoint, bytes: 
 /// the client gets the last worker's own answer (its 5xx or 429 with `retry-after`) or our error.
 async fn forward(
     st: &Arc<AppState>,
-    p: usize,
+    pool: &Arc<Pool>,
     plan: &RoutePlan,
     method: Method,
     path: &str,
@@ -97,7 +102,7 @@ async fn forward(
     bytes: Bytes,
 ) -> Response {
     let t = Instant::now();
-    let router = &st.pools[p].router;
+    let router = &pool.router;
     let Some(decision) = router.select(&select_request(plan)) else {
         return finish_error(st, plan, ApiError::no_worker());
     };
@@ -126,13 +131,13 @@ async fn forward(
         match attempt(st, router, w, &out, body, guard, admission.is_probe()).await {
             Ok((resp, guard)) => {
                 drop(admission);
-                return relay(st, p, plan, resp, w, guard);
+                return relay(st, pool, plan, resp, w, guard);
             }
             Err(failed) => last = Some(failed),
         }
     }
     match last {
-        Some(Failed { answer: Answer::Worker(resp, guard), worker, .. }) => relay(st, p, plan, resp, worker, guard),
+        Some(Failed { answer: Answer::Worker(resp, guard), worker, .. }) => relay(st, pool, plan, resp, worker, guard),
         Some(Failed { answer: Answer::Ours(err), .. }) => finish_error(st, plan, err),
         None => finish_error(st, plan, ApiError::no_worker()),
     }
@@ -269,7 +274,7 @@ fn dispatch(st: &AppState, router: &Router, plan: &RoutePlan, decision: &Decisio
 /// `status="stream_error"` (and feeds the worker's failure record), whatever status went out first.
 fn relay(
     st: &Arc<AppState>,
-    p: usize,
+    pool: &Arc<Pool>,
     plan: &RoutePlan,
     resp: reqwest::Response,
     w: usize,
@@ -294,7 +299,7 @@ fn relay(
         }
     }
     let predicted = plan.predicted_prompt_tokens();
-    let (state, route) = (st.clone(), plan.route);
+    let (state, pool, route) = (st.clone(), pool.clone(), plan.route);
     let on_end = Box::new(move |end: EndReport| {
         if let (Outcome::Complete, Some(actual), Some(pred)) = (end.outcome, end.usage_prompt_tokens, predicted) {
             state.observe.drift().record(actual as f64 - f64::from(pred));
@@ -305,7 +310,7 @@ fn relay(
                 // The total timeout is our limit, not the worker's failure.
                 if end.outcome != Outcome::Timeout {
                     // Never the probe: the probe's outcome was its response head.
-                    let router = &state.pools[p].router;
+                    let router = &pool.router;
                     report(&state, router, w, router.failed(w, Failure::Error, false));
                 }
             }
@@ -352,10 +357,10 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
     };
     // The pool of the body's `model` when it names one (embeddings, tokenize, …), else the first.
     let model = serde_json::from_slice::<ModelField>(&bytes).ok().and_then(|m| m.model);
-    let p = st.pool_for(model.as_deref()).unwrap_or(0);
-    let plan = RoutePlan::passthrough(st.pools[p].pipeline.block_size());
+    let pool = st.pool_for(model.as_deref()).unwrap_or_else(|| st.pools()[0].clone());
+    let plan = RoutePlan::passthrough(pool.pipeline.block_size());
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
-    forward(&st, p, &plan, parts.method, &path, &parts.headers, bytes).await
+    forward(&st, &pool, &plan, parts.method, &path, &parts.headers, bytes).await
 }
 
 /// The `model` of a body, when it is a JSON object naming one.
@@ -382,10 +387,9 @@ pub async fn debug_route(State(st): State<Arc<AppState>>, Query(params): Query<D
         Ok(r) => r,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let Some(p) = st.pool_for(request.str_field("model")) else {
+    let Some(pool) = st.pool_for(request.str_field("model")) else {
         return ApiError::model_not_found(request.str_field("model")).into_response();
     };
-    let pool = &st.pools[p];
     let planned = match pool.pipeline.plan_with(&request, params.tokens).await {
         Ok(p) => p,
         Err(e) => return ApiError::from(e).into_response(),

@@ -2,17 +2,21 @@
 //! the file watch (`server.watch_config_ms`). The new file is validated whole first; an invalid one is
 //! refused with its message and the running config stays.
 //!
-//! What a reload applies: the workers of each pool — added, removed (drained first, removed once
-//! idle), or replaced when their URL, engine or event settings changed. Routing state of unchanged
-//! workers is untouched. Anything else (pools, models, routing, server, auth, retries) is built once
-//! at start: a reload that changes it is refused, naming what needs a restart.
+//! What a reload applies: pools added or removed; a pool whose model, served names or routing changed
+//! is rebuilt (a new model version: fresh pipeline and index); in a kept pool, workers added, removed
+//! (drained first, removed once idle) or replaced when their URL, engine or event settings changed.
+//! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
+//! untouched. `[server]`, `[auth]` and `[retries]` are built once at start: a reload that changes them
+//! is refused, naming what needs a restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use mmrouter_core::pipeline::Pipeline;
+
 use crate::config::{PoolSettings, Settings, WorkerSettings};
-use crate::state::AppState;
+use crate::state::{AppState, Pool};
 
 /// What a reload did (also the `POST /admin/reload` answer).
 #[derive(Debug, Default, serde::Serialize, PartialEq, Eq)]
@@ -20,6 +24,10 @@ pub struct Applied {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     pub replaced: Vec<String>,
+    pub pools_added: Vec<String>,
+    pub pools_removed: Vec<String>,
+    /// Pools whose model, served names or routing changed: rebuilt (a fresh index).
+    pub pools_rebuilt: Vec<String>,
 }
 
 /// Reads `path` and applies it; `Err`: the message why nothing was applied.
@@ -34,62 +42,80 @@ pub fn apply(st: &Arc<AppState>, mut new: Settings) -> Result<Applied, String> {
     // The listener was bound once, possibly from `--listen` rather than the file.
     new.server.listen = running.server.listen;
     needs_restart(&running, &new)?;
+    let live = st.pools();
+    let old = |name: &str| running.pools.iter().zip(live.iter()).find(|(s, _)| s.name == name);
+    // Everything that can fail (loading a model's files) happens before anything changes.
     let mut applied = Applied::default();
-    for (p, (old, fresh)) in running.pools.iter().zip(&new.pools).enumerate() {
-        apply_pool(st, p, old, fresh, &mut applied)?;
+    let mut next = Vec::new();
+    let mut fresh = Vec::new();
+    for settings in &new.pools {
+        match old(&settings.name) {
+            Some((was, pool)) if same_pool(was, settings) => next.push(pool.clone()),
+            previous => {
+                let pipeline =
+                    Pipeline::new(&settings.pipeline).map_err(|e| format!("pool '{}': {e}", settings.name))?;
+                let pool = Arc::new(Pool::new(settings, pipeline).map_err(|e| format!("{e:#}"))?);
+                let list = if previous.is_some() { &mut applied.pools_rebuilt } else { &mut applied.pools_added };
+                list.push(settings.name.clone());
+                fresh.push((pool.clone(), settings));
+                next.push(pool);
+            }
+        }
+    }
+    for (settings, pool) in running.pools.iter().zip(live.iter()) {
+        match new.pools.iter().find(|n| n.name == settings.name) {
+            Some(n) if same_pool(settings, n) => apply_workers(pool, settings, n, &mut applied)?,
+            Some(_) => {}
+            None => applied.pools_removed.push(settings.name.clone()),
+        }
+    }
+    // Requests in flight keep the pool they picked; new ones see the new list.
+    st.set_pools(next);
+    for (pool, settings) in fresh {
+        st.start_pool_feeds(&pool, settings);
     }
     *running = new;
     tracing::info!(?applied, "config reloaded");
     Ok(applied)
 }
 
-/// The differences a reload cannot apply, if any.
-fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
-    let names = |s: &Settings| s.pools.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
-    if names(old) != names(new) {
-        return Err(format!("pools changed ({:?} → {:?}): restart to apply", names(old), names(new)));
-    }
+/// Same model, served names and routing: the pool (and its index) is kept, only its workers change.
+fn same_pool(a: &PoolSettings, b: &PoolSettings) -> bool {
     // Every field is plain data, so equal Debug text is equal settings.
+    format!("{:?}", (&a.models, &a.pipeline, &a.routing)) == format!("{:?}", (&b.models, &b.pipeline, &b.routing))
+}
+
+/// The differences a reload cannot apply, if any: the listener, the client side, keys and retries are
+/// built once at start.
+fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
     let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
-    for (a, b) in old.pools.iter().zip(&new.pools) {
-        for (what, changed) in [
-            ("models", !same(&a.models, &b.models)),
-            ("model", !same(&a.pipeline, &b.pipeline)),
-            ("routing", !same(&a.routing, &b.routing)),
-        ] {
-            if changed {
-                return Err(format!("pool '{}': {what} changed: restart to apply (only workers reload)", a.name));
-            }
-        }
-    }
     for (what, changed) in [
         ("[server]", !same(&old.server, &new.server)),
         ("[auth]", !same(&old.auth, &new.auth)),
         ("[retries]", !same(&old.retries, &new.retries)),
     ] {
         if changed {
-            return Err(format!("{what} changed: restart to apply (only workers reload)"));
+            return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));
         }
     }
     Ok(())
 }
 
-fn apply_pool(
-    st: &Arc<AppState>,
-    p: usize,
+/// A kept pool's worker changes: added, removed (drained first), replaced.
+fn apply_workers(
+    pool: &Arc<Pool>,
     old: &PoolSettings,
     new: &PoolSettings,
     applied: &mut Applied,
 ) -> Result<(), String> {
-    let router = &st.pools[p].router;
     let same = |a: &WorkerSettings, b: &WorkerSettings| format!("{a:?}") == format!("{b:?}");
     for w in &old.workers {
         let kept = new.workers.iter().find(|n| n.spec.name == w.spec.name);
         if kept.is_some_and(|n| same(n, w)) {
             continue;
         }
-        if let Some(id) = router.find(&w.spec.name) {
-            crate::admin::retire(st, p, id);
+        if let Some(id) = pool.router.find(&w.spec.name) {
+            crate::admin::retire(pool, id);
         }
         match kept {
             Some(_) => applied.replaced.push(w.spec.name.clone()),
@@ -101,7 +127,7 @@ fn apply_pool(
         if old_w.is_some_and(|o| same(o, w)) {
             continue;
         }
-        router.add_worker(w.spec.clone()).map_err(|e| format!("pool '{}': {e}", new.name))?;
+        pool.router.add_worker(w.spec.clone()).map_err(|e| format!("pool '{}': {e}", new.name))?;
         if w.events.is_some() {
             tracing::warn!(worker = %w.spec.name, "a worker added by a reload routes approximately (its KV events need a restart)");
         }

@@ -129,7 +129,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 /// has started (so a load balancer stops sending first).
 async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let draining = req.extensions().get::<Arc<Front>>().is_some_and(|f| f.is_draining());
-    let workers: Vec<_> = st.pools.iter().flat_map(|p| p.router.workers()).filter(|w| !w.is_removed()).collect();
+    let workers: Vec<_> = st.pools().iter().flat_map(|p| p.router.workers()).filter(|w| !w.is_removed()).collect();
     let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
     let label = match (draining, healthy.is_empty()) {
         (true, _) => "draining",
@@ -146,19 +146,21 @@ async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response 
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
-    let page = st.observe.render(st.pools.iter().map(|p| (p.name.as_str(), &p.router, p.feeds())));
+    let pools = st.pools();
+    let page = st.observe.render(pools.iter().map(|p| (p.name.as_str(), &p.router, p.feeds())));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
 }
 
 /// `GET /v1/models`: every pool's served names, in OpenAI's list shape. A config without `[[pools]]`
 /// declares none, so the workers answer (they know their `--served-model-name`).
 async fn models(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    if st.served_models().next().is_none() {
+    let pools = st.pools();
+    let served = || pools.iter().flat_map(|p| p.models.iter().map(move |m| (m, &p.name)));
+    if served().next().is_none() {
         return proxy::passthrough(State(st), req).await;
     }
-    let data: Vec<serde_json::Value> = st
-        .served_models()
-        .map(|(id, pool)| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "mmrouter", "pool": pool.name}))
+    let data: Vec<serde_json::Value> = served()
+        .map(|(id, pool)| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "mmrouter", "pool": pool}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }

@@ -14,8 +14,9 @@ use crate::upstream::Upstream;
 
 /// Everything a request handler needs; shared by all requests.
 pub struct AppState {
-    /// One per model served; a request's `model` picks one ([`AppState::pool_for`]).
-    pub pools: Vec<Pool>,
+    /// One per model served; a request's `model` picks one ([`AppState::pool_for`]). Swapped whole by
+    /// a reload that changes pools; a request keeps the `Arc<Pool>` it picked until it ends.
+    pools: std::sync::RwLock<Arc<Vec<Arc<Pool>>>>,
     pub upstream: Upstream,
     pub observe: Observer,
     /// Attempts per request and the proxy-wide retry budget (see [`crate::retry`]).
@@ -44,7 +45,7 @@ pub struct Pool {
 }
 
 impl Pool {
-    fn new(cfg: &PoolSettings, pipeline: Pipeline) -> anyhow::Result<Pool> {
+    pub(crate) fn new(cfg: &PoolSettings, pipeline: Pipeline) -> anyhow::Result<Pool> {
         let router = Router::new(cfg.routing.clone(), cfg.worker_specs())
             .map_err(|e| anyhow::anyhow!("pool '{}': routing: {e}", cfg.name))?;
         Ok(Pool { name: cfg.name.clone(), models: cfg.models.clone(), router, pipeline, feeds: OnceLock::new() })
@@ -62,12 +63,12 @@ impl AppState {
 
     /// State around an already-built pipeline for the first pool (tests inject counters through it).
     pub fn with_pipeline(cfg: &Settings, first: Pipeline) -> anyhow::Result<Arc<AppState>> {
-        let mut pools = vec![Pool::new(&cfg.pools[0], first)?];
+        let mut pools = vec![Arc::new(Pool::new(&cfg.pools[0], first)?)];
         for p in &cfg.pools[1..] {
-            pools.push(Pool::new(p, Pipeline::new(&p.pipeline)?)?);
+            pools.push(Arc::new(Pool::new(p, Pipeline::new(&p.pipeline)?)?));
         }
         Ok(Arc::new(AppState {
-            pools,
+            pools: std::sync::RwLock::new(Arc::new(pools)),
             upstream: Upstream::new(&cfg.server)?,
             observe: Observer::new(),
             retries: cfg.retries.clone(),
@@ -81,25 +82,36 @@ impl AppState {
 
     /// The pool serving `model`: the one listing it, or the catch-all pool of a config without
     /// `[[pools]]`; `None`: no pool serves it.
-    pub fn pool_for(&self, model: Option<&str>) -> Option<usize> {
-        if let [only] = self.pools.as_slice() {
+    pub fn pool_for(&self, model: Option<&str>) -> Option<Arc<Pool>> {
+        let pools = self.pools();
+        if let [only] = pools.as_slice() {
             if only.models.is_empty() {
-                return Some(0);
+                return Some(only.clone());
             }
         }
         let model = model?;
-        self.pools.iter().position(|p| p.models.iter().any(|m| m == model))
+        pools.iter().find(|p| p.models.iter().any(|m| m == model)).cloned()
     }
 
-    /// Every served model name, pool by pool (`/v1/models`); empty for a catch-all pool.
-    pub fn served_models(&self) -> impl Iterator<Item = (&str, &Pool)> {
-        self.pools.iter().flat_map(|p| p.models.iter().map(move |m| (m.as_str(), p)))
+    /// The pools in force (a snapshot: a reload may swap them).
+    pub fn pools(&self) -> Arc<Vec<Arc<Pool>>> {
+        self.pools.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `pools` in force (a reload).
+    pub(crate) fn set_pools(&self, pools: Vec<Arc<Pool>>) {
+        *self.pools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pools);
     }
 
     /// Subscribes to the KV events of the workers that publish them (once; later calls do nothing).
     pub fn start_feeds(self: &Arc<Self>, cfg: &Settings) {
-        for (p, pool) in self.pools.iter().enumerate() {
-            let _ = pool.feeds.get_or_init(|| crate::events::start(self, p, &cfg.pools[p].workers));
+        for (pool, settings) in self.pools().iter().zip(&cfg.pools) {
+            self.start_pool_feeds(pool, settings);
         }
+    }
+
+    /// [`start_feeds`](Self::start_feeds) for one pool.
+    pub(crate) fn start_pool_feeds(self: &Arc<Self>, pool: &Arc<Pool>, settings: &PoolSettings) {
+        let _ = pool.feeds.get_or_init(|| crate::events::start(self, pool, &settings.workers));
     }
 }

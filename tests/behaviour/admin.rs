@@ -73,7 +73,7 @@ async fn workers_are_added_drained_and_removed_under_load_without_a_failed_reque
     // Add: the new worker takes traffic.
     let body = serde_json::json!({"name": extra.name(), "url": extra.url()});
     let (status, _) =
-        admin(reqwest::Method::POST, format!("{}/admin/pools/{}/workers", c.url, c.state.pools[0].name), Some(body))
+        admin(reqwest::Method::POST, format!("{}/admin/pools/{}/workers", c.url, c.state.pools()[0].name), Some(body))
             .await;
     assert_eq!(status, 201);
     until("the added worker to serve", || extra.stats().requests > 5).await;
@@ -92,7 +92,7 @@ async fn workers_are_added_drained_and_removed_under_load_without_a_failed_reque
     let (status, _) = admin(reqwest::Method::DELETE, format!("{}/admin/workers/{removed}", c.url), None).await;
     assert_eq!(status, 202);
     let state = c.state.clone();
-    until("the removal", || state.pools[0].router.find(&removed).is_none()).await;
+    until("the removal", || state.pools()[0].router.find(&removed).is_none()).await;
     let at_removal = c.sims[1].stats().requests;
     let before = sent.load(Ordering::Relaxed);
     until("more traffic", || sent.load(Ordering::Relaxed) > before + 40).await;
@@ -120,7 +120,7 @@ async fn admin_mistakes_get_clear_errors_and_admin_keys_guard_it() {
     assert_eq!(client().get(&list).send().await.unwrap().status(), 401);
     let with_key = |req: reqwest::RequestBuilder| req.bearer_auth("sekrit");
     assert_eq!(with_key(client().get(&list)).send().await.unwrap().status(), 200);
-    let pool = &c.state.pools[0].name;
+    let pool = &c.state.pools()[0].name;
     for (url, body, status) in [
         (
             format!("{}/admin/pools/nope/workers", c.url),

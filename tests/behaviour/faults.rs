@@ -225,7 +225,7 @@ async fn a_stream_cut_by_the_worker_ends_with_an_error_event_and_counts_as_an_er
     assert_eq!(sample(&m, "mmrouter_requests_total", &["status=\"stream_error\""]), 1.0, "{m}");
     assert_eq!(sample(&m, "mmrouter_requests_total", &["status=\"200\""]), 0.0, "{m}");
     assert_eq!(sample(&m, "mmrouter_stream_errors_total", &["reason=\"upstream_error\""]), 1.0);
-    assert_eq!(c.state.pools[0].router.loads()[0].inflight.requests, 0);
+    assert_eq!(c.state.pools()[0].router.loads()[0].inflight.requests, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

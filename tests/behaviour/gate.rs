@@ -182,7 +182,7 @@ async fn the_gate_matrix() {
             assert_eq!(metric(&text, "mmrouter_worker_inflight_image_tokens", &format!("worker=\"{worker}\"")), 0.0);
             assert!(text.contains(&gauge_line), "{}: image gauge never touched", case.name);
             // The index holds the whole prompt, images included: more than the text prefix.
-            assert!(c.state.pools[0].router.index_blocks() > prefix.len(), "{}", case.name);
+            assert!(c.state.pools()[0].router.index_blocks() > prefix.len(), "{}", case.name);
         } else {
             assert_eq!(after.fallback - before.fallback, 1.0, "{}: fallback counter", case.name);
             assert_eq!(after.img_tok_count, before.img_tok_count, "{}: image-token sample", case.name);
@@ -191,9 +191,9 @@ async fn the_gate_matrix() {
             assert!(!text.contains(&gauge_line), "{}: image gauge touched on fallback", case.name);
             // Exactly the text-prefix blocks were installed: no image keys.
             let expected = if case.reason == Some("unsupported_model") { 0 } else { prefix.len() };
-            assert_eq!(c.state.pools[0].router.index_blocks(), expected, "{}: index contents", case.name);
+            assert_eq!(c.state.pools()[0].router.index_blocks(), expected, "{}: index contents", case.name);
             if expected > 0 {
-                let d = c.state.pools[0]
+                let d = c.state.pools()[0]
                     .router
                     .select(&SelectRequest {
                         blocks: &prefix,
@@ -205,7 +205,7 @@ async fn the_gate_matrix() {
                 assert_eq!(d.overlap_blocks[0] as usize, prefix.len(), "{}", case.name);
             }
         }
-        for l in c.state.pools[0].router.loads() {
+        for l in c.state.pools()[0].router.loads() {
             assert_eq!(l.inflight.requests, 0);
             assert_eq!(l.inflight.image_tokens, 0);
         }

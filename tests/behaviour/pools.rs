@@ -56,7 +56,7 @@ async fn the_requests_model_picks_the_pool_each_with_its_own_index() {
     assert_eq!(c.sims[0].stats().requests, 3);
     assert_eq!(c.sims[1].stats().requests, 1);
     // Each pool keeps its own routing index and load.
-    let pools = &c.state.pools;
+    let pools = c.state.pools();
     assert_eq!((pools[0].name.as_str(), pools[1].name.as_str()), ("qwen3", "qwen25"));
     assert!(pools[0].router.index_blocks() > pools[1].router.index_blocks());
     assert!(pools[1].router.index_blocks() > 0);

@@ -40,7 +40,7 @@ async fn text_and_image_chats_reach_the_worker_byte_identical() {
         }
     }
     // Every load taken was released.
-    for l in c.state.pools[0].router.loads() {
+    for l in c.state.pools()[0].router.loads() {
         assert_eq!(l.inflight.requests, 0, "{l:?}");
         assert_eq!(l.inflight.prefill_tokens, 0, "{l:?}");
         assert_eq!(l.inflight.image_tokens, 0, "{l:?}");
@@ -104,7 +104,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     }
     // And the router released the request's load.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while c.state.pools[0].router.loads()[0].inflight.requests != 0 {
+    while c.state.pools()[0].router.loads()[0].inflight.requests != 0 {
         assert!(Instant::now() < deadline, "load not released after disconnect");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -152,7 +152,7 @@ async fn dead_worker_is_a_502_within_the_connect_timeout() {
     let r = post(&c.url, chat_body(&[], "hi", false)).await;
     assert_eq!(r.status(), 503);
     assert_openai_error(&r.json().await.unwrap());
-    assert_eq!(c.state.pools[0].router.loads()[0].inflight.requests, 0);
+    assert_eq!(c.state.pools()[0].router.loads()[0].inflight.requests, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +191,7 @@ async fn slow_worker_is_a_504_at_the_first_byte_timeout() {
     assert_eq!(r.status(), 504);
     assert!(t0.elapsed() < Duration::from_millis(2500), "{:?}", t0.elapsed());
     assert_openai_error(&r.json().await.unwrap());
-    assert_eq!(c.state.pools[0].router.loads()[0].inflight.requests, 0);
+    assert_eq!(c.state.pools()[0].router.loads()[0].inflight.requests, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

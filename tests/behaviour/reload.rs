@@ -75,8 +75,8 @@ async fn a_reload_applies_worker_changes_and_refuses_the_rest() {
     // An invalid file, or a change a reload cannot apply: refused, the running config stays.
     for (text, needle) in [
         ("[[workers]\nname = ".to_owned(), "config"),
-        (config("[model]\ndir = \"qwen2.5-vl\"\n", &[&s[0]]), "restart"),
         (config("[server]\nmax_body_bytes = 1000\n", &[&s[0]]), "restart"),
+        (config("[model]\ndir = \"/nonexistent/model\"\n", &[&s[0]]), "model.dir"),
     ] {
         std::fs::write(&path, &text).unwrap();
         let (status, body) = reload(&url).await;
@@ -85,6 +85,57 @@ async fn a_reload_applies_worker_changes_and_refuses_the_rest() {
         assert!(body["error"]["message"].as_str().unwrap().contains(needle), "{body}");
         assert_eq!(workers(&url).await, sorted(&[s[0].name(), s[2].name()]));
     }
+
+    // A new model version: the pool is rebuilt (fresh pipeline and index) and serves at once.
+    std::fs::write(&path, config("[model]\ndir = \"qwen2.5-vl\"\n", &[&s[0], &s[2]])).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["pools_added"], serde_json::json!(["qwen2.5-vl"]), "{body}");
+    assert_eq!(body["applied"]["pools_removed"], serde_json::json!(["qwen3-vl"]), "{body}");
+    let r = post(&url, chat_body(&[], "and now?", false)).await;
+    assert_eq!(r.status(), 200);
+    let d: serde_json::Value = client()
+        .post(format!("{url}/debug/route"))
+        .body(chat_body(&[], "hi", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["pool"], "qwen2.5-vl", "{d}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_and_removes_pools() {
+    let s = sims(2, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let pool = |name: &str, model: &str, sim: &mmrouter_sim::SimHandle| {
+        format!(
+            "[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\nworkers = [{{ name = \"{}\", url = \"{}\" }}]\n",
+            sim.name(),
+            sim.url()
+        )
+    };
+    std::fs::write(&path, pool("a", "model-a", &s[0])).unwrap();
+    let url = serve_file(&path).await;
+    let chat = |model: &str| {
+        serde_json::to_vec(&serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}))
+            .unwrap()
+    };
+    assert_eq!(post(&url, chat("model-b")).await.status(), 404);
+    std::fs::write(&path, format!("{}{}", pool("a", "model-a", &s[0]), pool("b", "model-b", &s[1]))).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["pools_added"], serde_json::json!(["b"]));
+    assert_eq!(post(&url, chat("model-b")).await.status(), 200);
+    assert_eq!(s[1].stats().requests, 1);
+    std::fs::write(&path, pool("b", "model-b", &s[1])).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["pools_removed"], serde_json::json!(["a"]));
+    assert_eq!(post(&url, chat("model-a")).await.status(), 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
