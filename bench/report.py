@@ -108,15 +108,20 @@ def main_table(a, out):
             sim_ttft = f"{a.ttft_base_ms + a.prefill_us * uncached / 1000:.1f}"
         else:
             sim_ttft = "-"
+        cached = f"{100 * r['cached_ratio']:.1f}%"
+        if r.get("usage_missing"):
+            # Answers without usage would silently lower the ratio: say how many there were.
+            cached += f" ({r['usage_missing']} without usage)"
         out.append(
             f"| {title} | {r['ok']}/{r['requests']} | {counts(r['errors'])} | {r['throughput_rps']:.2f} "
             f"| {ms(r['latency_ms']['p50'])} | {ms(r['latency_ms']['p99'])} | {ms(r['ttfb_ms']['p50'])} "
-            f"| {ms(r['ttfb_ms']['p99'])} | {100 * r['cached_ratio']:.1f}% | {sim_ttft} "
+            f"| {ms(r['ttfb_ms']['p99'])} | {cached} | {sim_ttft} "
             f"| {fallbacks or '-'} | {counts(r['routes'])} | {shares(split)} |"
         )
     out += [
         "",
-        "cached prompt tokens = Σ usage.prompt_tokens_details.cached_tokens / Σ usage.prompt_tokens; "
+        "cached prompt tokens = Σ usage.prompt_tokens_details.cached_tokens / Σ usage.prompt_tokens over "
+        "the answers that carry usage (those without are counted beside it); "
         "TTFB = time to the first streamed chunk, which the sims send after the (contended) prefill, so it is "
         "the measured time to first token through each path; fallbacks = Σ mmrouter_mm_fallback_total; "
         "routes = x-mmrouter-route counts (- when absent); prompt tokens per sim = each sim's share of "

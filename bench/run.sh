@@ -15,6 +15,8 @@
 # itself inside a network namespace where only loopback exists (`unshare -rn`), so no router can
 # reach the internet (sglang-router tries to fetch a tokenizer from the HF Hub at start).
 #
+# Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
+# failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers]
 #   --quick     small workload, short runs (< 10 min on 2 cores once built and installed)
 #   --no-build  use the existing target/release/mmrouter
@@ -38,7 +40,7 @@ for arg in "$@"; do
     --no-peers) PEERS=0 ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,25p' "$0"
+      sed -n '2,27p' "$0"
       exit 0
       ;;
     *)
@@ -56,6 +58,13 @@ VENV="$BENCH/.venv"
 WORK=${BENCH_WORK:-}
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# Failures are collected (the run goes on so the report shows every row) and make the script exit 1
+# at the end, naming the phase and the reason. An unexpected command failure names its line at once.
+FAILURES=()
+fail() { FAILURES+=("$1: $2"); log "FAILED $1: $2"; }
+# An mmrouter or direct row must run; a peer may be missing only when --no-peers skipped it.
+unavailable_is_failure() { [[ $1 != sgl && $1 != vllmr ]] || [[ $PEERS == 1 ]]; }
+trap 'log "FAILED: unexpected error at line $LINENO (exit $?)"' ERR
 
 # ---------------------------------------------------------------------------------------------
 # Phase 1 (network allowed): build, install peers, then re-enter in a loopback-only namespace.
@@ -343,6 +352,7 @@ for run in "${RUNS[@]}"; do
   fi
   if ! start_router "$kind" "$name"; then
     printf '%s\t%s\tn/a (%s)\t\t\t\n' "$name" "$title" "$ROUTER_ERR" >>"$ROWS"
+    unavailable_is_failure "$kind" && fail "routing row $name" "$ROUTER_ERR"
     log "$name: n/a ($ROUTER_ERR)"
     stop_sims
     continue
@@ -355,7 +365,10 @@ for run in "${RUNS[@]}"; do
   fi
   status=ok
   "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/workload.jsonl" --concurrency "$conc" \
-    --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" >&2 || status="n/a (loadgen failed)"
+    --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" >&2 || {
+    status="n/a (loadgen failed)"
+    fail "routing row $name" "loadgen failed (see the log above)"
+  }
   fallbacks=
   [[ $kind == mmrouter:* ]] && fallbacks=$(counter_sum "$ROUTER_METRICS" mmrouter_mm_fallback_total || true)
   ttft=$(sims_ttft_ms || true)
@@ -378,6 +391,7 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
   start_sims 1 0 0 0
   if ! start_router "$kind" "$name"; then
     printf '%s\tn/a (%s)\t\t\n' "$title" "$ROUTER_ERR" >>"$OVER"
+    unavailable_is_failure "$kind" && fail "overhead $name" "$ROUTER_ERR"
     stop_sims
     continue
   fi
@@ -390,7 +404,7 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
     if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.before.prom" || true; fi
     "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
       --max-requests "$OVERHEAD_N" --timeout-secs 30 --label "$name-$shape" \
-      --json-out "$WORK/$name-$shape.json" >&2 || true
+      --json-out "$WORK/$name-$shape.json" >&2 || fail "overhead $name-$shape" "loadgen failed"
     if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.after.prom" || true; fi
   done
   printf '%s\tok\t%s\t%s\n' "$title" "$WORK/$name-text.json" "$WORK/$name-image.json" >>"$OVER"
@@ -408,6 +422,7 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
   start_sims "$THRU_SIMS" 0 0 0
   if ! start_router "$kind" "$name"; then
     printf '%s\tn/a (%s)\t\t\n' "$title" "$ROUTER_ERR" >>"$THRU"
+    unavailable_is_failure "$kind" && fail "throughput $name" "$ROUTER_ERR"
     stop_sims
     continue
   fi
@@ -427,7 +442,7 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
     for rep in $(seq 1 "$THRU_REPS"); do
       "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
         --max-requests "$n" --timeout-secs 30 --label "$name-$shape-$rep" \
-        --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 || true
+        --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 || fail "throughput $name-$shape-$rep" "loadgen failed"
       reps+=("$WORK/$name-$shape-$rep.json")
     done
     files+=("$(IFS=,; echo "${reps[*]}")")
@@ -457,3 +472,8 @@ python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU
   --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$BENCH/results/latest.md"
 cat "$BENCH/results/latest.md"
 log "raw results in $WORK"
+if ((${#FAILURES[@]})); then
+  log "${#FAILURES[@]} failure(s):"
+  for f in "${FAILURES[@]}"; do log "  $f"; done
+  exit 1
+fi
