@@ -10,9 +10,9 @@
 //! Before the criterion runs, one timed pass over the whole corpus per implementation prints tokens/s and
 //! the ratio, after checking that both produce identical ids for every document.
 //!
-//! Run: `cargo bench --bench encode` (optionally `BENCH_CORPUS_MB=8`).
+//! Run: `cargo bench -p mmrouter-tokenize --bench encode` (optionally `BENCH_CORPUS_MB=8`).
 
-#[path = "../tests/common/corpus.rs"]
+#[path = "../tests/tokenize/common/corpus.rs"]
 mod corpus;
 
 use std::hint::black_box;
@@ -70,9 +70,8 @@ fn encode(c: &mut Criterion) {
     let avg_tokens = (tokens / docs.len()) as u64;
     let mut group = c.benchmark_group("encode_qwen3_multilingual");
     group.throughput(Throughput::Elements(avg_tokens));
+    // Warm-up and measurement times come from the command line (e.g. `--warm-up-time 1 --measurement-time 3`).
     group.sample_size(10);
-    group.warm_up_time(Duration::from_secs(2));
-    group.measurement_time(Duration::from_secs(12));
 
     let mut next = 0usize;
     group.bench_function("hf_tokenizers", |b| {

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example throughput [KB per document] [documents per kind]`
 
-#[path = "../tests/common/corpus.rs"]
+#[path = "../tests/tokenize/common/corpus.rs"]
 mod corpus;
 
 use std::io::Read;

@@ -1,9 +1,7 @@
 //! Which `tokenizer.json` configurations are accepted (and then match `tokenizers`) and which are refused.
 
-mod common;
-
-use common::corpus::{self, Mix};
-use common::{hf_ids, qwen_json, shrink};
+use crate::common::corpus::{self, Mix};
+use crate::common::{hf_ids, qwen_json, shrink};
 use mmrouter_tokenize::FastTokenizer;
 use serde_json::{json, Value};
 

@@ -1,14 +1,13 @@
 //! Parity with Hugging Face `tokenizers` 0.23.2 (`encode_fast(text, false)`) on the Qwen3 tokenizer.
 //!
 //! Corpus sizes scale with `MMROUTER_TOKENIZE_PARITY_MB` (default: 8 in release builds, 1 in debug builds,
-//! where `tokenizers` itself is slow). Run the full suite with `cargo test --release --test parity`.
-
-mod common;
+//! where `tokenizers` itself is slow). Run the full suite with
+//! `cargo test --release -p mmrouter-tokenize --test tokenize parity`.
 
 use std::sync::OnceLock;
 
-use common::corpus::{self, Mix, Rng};
-use common::{hf_ids, qwen_json, shrink};
+use crate::common::corpus::{self, Mix, Rng};
+use crate::common::{hf_ids, qwen_json, shrink};
 use mmrouter_tokenize::FastTokenizer;
 
 struct Both {
