@@ -1,14 +1,21 @@
 //! Planning cost per request: parse + render + tokenize + expand + block keys for a chat request with one
-//! ~150 KB data-URL image and a few hundred words; and block keys alone for a 4k-token prompt.
+//! ~150 KB data-URL image and a few hundred words (the same request every iteration: a segment-cache
+//! hit); block keys alone for a 4k-token prompt; and a text-only chat of ~2 000 tokens of multilingual
+//! text, repeated (cache hit) and unique (a new user turn every iteration, so the cache cannot help),
+//! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline.
 
 use std::borrow::Cow;
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use mmrouter_core::accounting::RunPart;
 use mmrouter_core::plan::{block_keys, expand, seed, tokenize_chat, ImageSpan};
 use mmrouter_core::prompt::PromptModel;
 use mmrouter_core::request::{Endpoint, Request};
+
+/// The seeded multilingual corpus generator of mmrouter-tokenize's tests and benchmark.
+#[path = "../../tokenize/tests/tokenize/common/corpus.rs"]
+mod corpus;
 
 const PAD: &str = "<|image_pad|>";
 
@@ -54,5 +61,74 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// A text-only chat whose user turn is `text`.
+fn text_request(text: &str) -> Vec<u8> {
+    let body = serde_json::json!({
+        "model": "qwen3-vl",
+        "messages": [
+            {"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": text}
+        ]
+    });
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// ~2 000 tokens of the seeded realistic mix (prose, code, CJK, other scripts) per user turn.
+const TURN_BYTES: usize = 6_500;
+
+fn bench_unique(c: &mut Criterion) {
+    let fast = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    assert!(fast.fast_tokenizer(), "the bundled tokenizer is encoded by mmrouter-tokenize");
+    let hf = fast.with_hf_tokenizer_only();
+    let chain_seed = seed("qwen3-vl", None, None);
+    let plan = |model: &PromptModel, body: &[u8]| {
+        let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
+        let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
+    };
+    // Average prompt tokens of a turn, for the throughput figure.
+    let mut r = corpus::Rng::new(0x2000);
+    let sample: Vec<Vec<u8>> =
+        (0..64).map(|_| text_request(&corpus::document(&mut r, TURN_BYTES, corpus::Mix::Realistic))).collect();
+    let tokens: usize = sample
+        .iter()
+        .map(|b| {
+            let parsed = Request::parse(Endpoint::Chat, b).unwrap();
+            tokenize_chat(&fast, &parsed, PAD, &Default::default()).unwrap().ids.len()
+        })
+        .sum();
+    let avg_tokens = (tokens / sample.len()) as u64;
+    eprintln!("plan_chat_*_2000_tokens: {avg_tokens} prompt tokens per request on average");
+
+    // The same request every iteration: the user turn is served from the segment cache.
+    let mut group = c.benchmark_group("plan_chat_cache_hit_2000_tokens");
+    group.throughput(Throughput::Elements(avg_tokens));
+    for (label, model) in [("mmrouter_tokenize", &fast), ("hf_tokenizers", &hf)] {
+        let body = &sample[0];
+        group.bench_function(label, |b| b.iter(|| plan(model, body)));
+    }
+    group.finish();
+
+    // A new user turn every iteration (generated outside the timed part), never seen before: the
+    // segment cache cannot help, as on real traffic's new turns and one-shot prompts.
+    let mut group = c.benchmark_group("plan_chat_unique_2000_tokens");
+    group.throughput(Throughput::Elements(avg_tokens));
+    for (label, model) in [("mmrouter_tokenize", &fast), ("hf_tokenizers", &hf)] {
+        let mut r = corpus::Rng::new(0xC0DE);
+        let mut n = 0u64;
+        group.bench_function(label, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    text_request(&format!("{n} {}", corpus::document(&mut r, TURN_BYTES, corpus::Mix::Realistic)))
+                },
+                |body| plan(model, &body),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_unique);
 criterion_main!(benches);

@@ -76,7 +76,8 @@ pub fn tokenize_chat(
     Ok(ChatTokens { ids, placeholders, text })
 }
 
-/// Refuses text above `limit` before it is tokenized (the expensive step, ~1 µs per token).
+/// Refuses text above `limit` before it is tokenized (the expensive step: ~0.1 µs per token with
+/// `mmrouter-tokenize`, ~1–2 µs with `tokenizers`).
 pub fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<(), PlanError> {
     match limit {
         Some(limit) if size > limit => Err(PlanError::PromptTooLong { unit: "bytes", size, limit }),

@@ -19,7 +19,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::value::{Serde, Value};
+use mmrouter_tokenize::FastTokenizer;
 use serde_json::{Map, Value as Json};
+use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::Tokenizer;
 
 pub use error::PromptError;
@@ -53,7 +55,11 @@ pub struct PromptModel {
 
 struct Inner {
     tokenizer: Tokenizer,
+    /// Encodes with `mmrouter-tokenize` when it accepts the tokenizer, else with `tokenizers`.
     segments: segments::SegmentEncoder,
+    /// Adding special tokens changes no id (no post-processor, or a `ByteLevel` one): `encode_with(_,
+    /// true)` may then take the fast path too.
+    specials_inert: bool,
     env: minijinja::Environment<'static>,
     templates: Vec<TemplateInfo>,
     /// `bos_token`, `eos_token`, … (and a model's named extra tokens) as transformers passes them.
@@ -118,10 +124,12 @@ impl PromptModel {
         let load_err =
             |detail: String| PromptError::ModelLoadFailed { source_name: format!("bundled:{}", profile.name), detail };
         let json = gunzip(bundled::QWEN_TOKENIZER_GZ).map_err(load_err)?;
-        let tokenizer = tokenizer_without(&json, profile.drop_added_tokens).map_err(load_err)?;
+        let json = json_without(json, profile.drop_added_tokens).map_err(load_err)?;
+        let tokenizer = Tokenizer::from_bytes(&json).map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
+        let fast = fast_tokenizer(&json);
         let config: Json = serde_json::from_slice(profile.tokenizer_config)
             .map_err(|e| load_err(format!("tokenizer_config.json: {e}")))?;
-        let model = PromptModel::assemble(tokenizer, &config, None).map_err(load_err)?;
+        let model = PromptModel::assemble(tokenizer, fast, &config, None).map_err(load_err)?;
         guard.insert(profile.name, model.clone());
         Ok(model)
     }
@@ -171,12 +179,15 @@ impl PromptModel {
         let json = transformers_architecture(json, &config, model_type.as_deref())
             .map_err(|e| load_err("tokenizer.json", e))?;
         let tokenizer = Tokenizer::from_bytes(&json).map_err(|e| load_err("tokenizer.json", e.to_string()))?;
+        let fast = fast_tokenizer(&json);
+        drop(json);
         let processor_template = read_processor_template(dir).map_err(|(file, e)| load_err(file, e))?;
-        PromptModel::assemble(tokenizer, &config, processor_template).map_err(|e| load_err("chat template", e))
+        PromptModel::assemble(tokenizer, fast, &config, processor_template).map_err(|e| load_err("chat template", e))
     }
 
     fn assemble(
         tokenizer: Tokenizer,
+        fast: Option<FastTokenizer>,
         config: &Json,
         processor_template: Option<String>,
     ) -> Result<PromptModel, String> {
@@ -184,17 +195,23 @@ impl PromptModel {
         if let Some(t) = processor_template {
             templates.push((PROCESSOR_TEMPLATE.to_owned(), t));
         }
-        Self::build(tokenizer, config, templates)
+        Self::build(tokenizer, fast, config, templates)
     }
 
-    fn build(tokenizer: Tokenizer, config: &Json, templates: Vec<(String, String)>) -> Result<PromptModel, String> {
+    fn build(
+        tokenizer: Tokenizer,
+        fast: Option<FastTokenizer>,
+        config: &Json,
+        templates: Vec<(String, String)>,
+    ) -> Result<PromptModel, String> {
         let templates: Vec<(String, String)> =
             templates.into_iter().map(|(n, t)| (n, env::without_generation_tags(&t))).collect();
         let env = env::build(&templates).map_err(|e| format!("template does not compile: {e:#}"))?;
         let infos = templates.iter().map(|(n, t)| TemplateInfo::new(n, t)).collect();
         Ok(PromptModel {
             inner: Arc::new(Inner {
-                segments: segments::SegmentEncoder::new(&tokenizer),
+                segments: segments::SegmentEncoder::new(&tokenizer, fast.map(Arc::new)),
+                specials_inert: specials_inert(&tokenizer),
                 tokenizer,
                 env,
                 templates: infos,
@@ -228,7 +245,8 @@ impl PromptModel {
         Ok(PromptModel {
             inner: Arc::new(Inner {
                 tokenizer: inner.tokenizer.clone(),
-                segments: segments::SegmentEncoder::new(&inner.tokenizer),
+                segments: segments::SegmentEncoder::new(&inner.tokenizer, inner.segments.fast().cloned()),
+                specials_inert: inner.specials_inert,
                 env,
                 templates: infos,
                 special_tokens: inner.special_tokens.clone(),
@@ -305,8 +323,36 @@ impl PromptModel {
         &self.inner.tokenizer
     }
 
+    /// The same model encoding with `tokenizers` only (no `mmrouter-tokenize`), for comparisons in
+    /// benchmarks and tests. Its ids are the same; it is slower on text it has not cached.
+    #[doc(hidden)]
+    pub fn with_hf_tokenizer_only(&self) -> PromptModel {
+        let inner = &self.inner;
+        PromptModel {
+            inner: Arc::new(Inner {
+                tokenizer: inner.tokenizer.clone(),
+                segments: segments::SegmentEncoder::new(&inner.tokenizer, None),
+                specials_inert: inner.specials_inert,
+                env: inner.env.clone(),
+                templates: inner.templates.clone(),
+                special_tokens: inner.special_tokens.clone(),
+                forced_format: inner.forced_format,
+            }),
+        }
+    }
+
+    /// Whether [`PromptModel::encode`] uses `mmrouter-tokenize` (the model's `tokenizer.json` is one it
+    /// reproduces exactly) rather than `tokenizers`.
+    pub fn fast_tokenizer(&self) -> bool {
+        self.inner.segments.fast().is_some()
+    }
+
     /// Token ids with the tokenizer's post-processor specials (e.g. BOS) when `add_special`.
     pub(crate) fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>, PromptError> {
+        if add_special && self.inner.specials_inert {
+            // The post-processor adds nothing (Qwen's `ByteLevel`): the ids `encode` gives.
+            return self.encode(text);
+        }
         self.inner
             .tokenizer
             .encode_fast(text, add_special)
@@ -547,18 +593,35 @@ fn transformers_architecture(json: Vec<u8>, config: &Json, model_type: Option<&s
     serde_json::to_vec(&value).map_err(|e| e.to_string())
 }
 
-/// Loads `tokenizer.json` bytes, first removing the named added tokens (for profiles whose real
-/// tokenizer is the shared one minus a few additions).
-fn tokenizer_without(json: &[u8], drop: &[&str]) -> Result<Tokenizer, String> {
+/// `tokenizer.json` bytes without the named added tokens (for profiles whose real tokenizer is the
+/// shared one minus a few additions).
+fn json_without(json: Vec<u8>, drop: &[&str]) -> Result<Vec<u8>, String> {
     if drop.is_empty() {
-        return Tokenizer::from_bytes(json).map_err(|e| format!("tokenizer.json: {e}"));
+        return Ok(json);
     }
-    let mut value: Json = serde_json::from_slice(json).map_err(|e| format!("tokenizer.json: {e}"))?;
+    let mut value: Json = serde_json::from_slice(&json).map_err(|e| format!("tokenizer.json: {e}"))?;
     let added =
         value.get_mut("added_tokens").and_then(Json::as_array_mut).ok_or("tokenizer.json: no `added_tokens` list")?;
     added.retain(|t| !t.get("content").and_then(Json::as_str).is_some_and(|c| drop.contains(&c)));
-    let bytes = serde_json::to_vec(&value).map_err(|e| format!("tokenizer.json: {e}"))?;
-    Tokenizer::from_bytes(&bytes).map_err(|e| format!("tokenizer.json: {e}"))
+    serde_json::to_vec(&value).map_err(|e| format!("tokenizer.json: {e}"))
+}
+
+/// `mmrouter-tokenize`'s encoder for the `tokenizer.json` bytes `tokenizers` loaded, or `None` when
+/// it does not reproduce that configuration exactly (then `tokenizers` encodes everything).
+fn fast_tokenizer(json: &[u8]) -> Option<FastTokenizer> {
+    match FastTokenizer::from_json(json) {
+        Ok(fast) => Some(fast),
+        Err(why) => {
+            tracing::debug!(reason = why.reason(), "tokenizer not supported by mmrouter-tokenize; using tokenizers");
+            None
+        }
+    }
+}
+
+/// True when `encode_fast(text, true)` gives the same ids as `encode_fast(text, false)`: the
+/// post-processor is absent or `ByteLevel` (which only trims offsets). Anything else may add ids.
+fn specials_inert(tokenizer: &Tokenizer) -> bool {
+    matches!(tokenizer.get_post_processor(), None | Some(PostProcessorWrapper::ByteLevel(_)))
 }
 
 #[cfg(test)]

@@ -3,8 +3,15 @@
 //! HF `tokenizers` first splits the input on its added tokens (`<|im_start|>`, `<|image_pad|>`, …) and
 //! then normalizes, pre-tokenizes and BPE-encodes each piece in between on its own. So the ids of a
 //! rendered chat prompt are the concatenation of the ids of those pieces, and the pieces repeat across
-//! requests: system prompts, tool definitions, earlier turns of a conversation. Encoding is the single
-//! most expensive step of planning (~0.8 µs per token), so repeated pieces are served from a cache.
+//! requests: system prompts, tool definitions, earlier turns of a conversation. Repeated pieces are
+//! served from a cache.
+//!
+//! Pieces are encoded by `mmrouter-tokenize` ([`FastTokenizer`], ~0.1–0.2 µs per token on new text, ids
+//! identical to `tokenizers`) when it accepts the model's `tokenizer.json`, else by `tokenizers` itself
+//! (~1–2 µs per token). The cache stays with the fast encoder: a hit costs a hash of the piece and a
+//! copy of its ids, far less than re-encoding it (a repeated system prompt or conversation history),
+//! and a miss adds that same hash and copy, about 1 % of encoding the piece (a 6.5 KB turn: ~1 µs
+//! against ~200 µs). See `docs/benchmarks.md`, "Tokenization on new text".
 //!
 //! The split is only reproduced when every added token matches literally (no `lstrip`, `rstrip`,
 //! `single_word` or `normalized`) and the normalizer and pre-tokenizer treat every piece alike; a
@@ -16,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use mmrouter_tokenize::FastTokenizer;
 use tokenizers::Tokenizer;
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
@@ -32,6 +40,8 @@ const GENERATION_IDS: usize = 4 << 20;
 pub(crate) struct SegmentEncoder {
     /// The added tokens and their ids; `None` when the literal split would not match HF's.
     splitter: Option<(AhoCorasick, Vec<u32>)>,
+    /// The fast encoder, when it accepted the model's `tokenizer.json`; its ids equal `tokenizers'`.
+    fast: Option<Arc<FastTokenizer>>,
     cache: Mutex<Generations>,
 }
 
@@ -79,7 +89,8 @@ fn position_free(tokenizer: &Tokenizer) -> bool {
 }
 
 impl SegmentEncoder {
-    pub(crate) fn new(tokenizer: &Tokenizer) -> SegmentEncoder {
+    /// `fast` must have been loaded from the same `tokenizer.json` as `tokenizer`.
+    pub(crate) fn new(tokenizer: &Tokenizer, fast: Option<Arc<FastTokenizer>>) -> SegmentEncoder {
         let added = tokenizer.get_added_tokens_decoder();
         let literal = added.values().all(|t| !t.lstrip && !t.rstrip && !t.single_word && !t.normalized);
         let splitter = (literal && !added.is_empty() && position_free(tokenizer))
@@ -93,7 +104,21 @@ impl SegmentEncoder {
                 Some((ac, tokens.iter().map(|(id, _)| **id).collect()))
             })
             .flatten();
-        SegmentEncoder { splitter, cache: Mutex::new(Generations::default()) }
+        SegmentEncoder { splitter, fast, cache: Mutex::new(Generations::default()) }
+    }
+
+    /// The fast encoder, if the model's tokenizer is one it reproduces.
+    pub(crate) fn fast(&self) -> Option<&Arc<FastTokenizer>> {
+        self.fast.as_ref()
+    }
+
+    /// `tokenizer.encode_fast(text, false)`'s ids, from the fast encoder when there is one.
+    fn encode_uncached(&self, tokenizer: &Tokenizer, text: &str, out: &mut Vec<u32>) -> tokenizers::Result<()> {
+        match &self.fast {
+            Some(fast) => fast.encode_into(text, out),
+            None => out.extend_from_slice(tokenizer.encode_fast(text, false)?.get_ids()),
+        }
+        Ok(())
     }
 
     /// True when pieces are encoded one by one (the cache is in use).
@@ -104,10 +129,11 @@ impl SegmentEncoder {
 
     /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache.
     pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
-        let Some((ac, ids)) = &self.splitter else {
-            return Ok(tokenizer.encode_fast(text, false)?.get_ids().to_vec());
-        };
         let mut out = Vec::with_capacity(text.len() / 3);
+        let Some((ac, ids)) = &self.splitter else {
+            self.encode_uncached(tokenizer, text, &mut out)?;
+            return Ok(out);
+        };
         let mut at = 0;
         for m in ac.find_iter(text) {
             self.encode_piece(tokenizer, &text[at..m.start()], &mut out)?;
@@ -123,15 +149,16 @@ impl SegmentEncoder {
             return Ok(());
         }
         if !(MIN_CACHED_BYTES..=MAX_CACHED_BYTES).contains(&piece.len()) {
-            out.extend_from_slice(tokenizer.encode_fast(piece, false)?.get_ids());
-            return Ok(());
+            return self.encode_uncached(tokenizer, piece, out);
         }
         let key = xxhash_rust::xxh3::xxh3_128(piece.as_bytes());
         let hit = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(key);
         let ids = match hit {
             Some(ids) => ids,
             None => {
-                let ids: Arc<[u32]> = tokenizer.encode_fast(piece, false)?.get_ids().into();
+                let mut fresh = Vec::with_capacity(piece.len() / 3);
+                self.encode_uncached(tokenizer, piece, &mut fresh)?;
+                let ids: Arc<[u32]> = fresh.into();
                 self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ids.clone());
                 ids
             }
@@ -162,6 +189,12 @@ mod tests {
         PromptModel::bundled("qwen3-vl").unwrap().tokenizer().clone()
     }
 
+    fn fast() -> Option<Arc<FastTokenizer>> {
+        let fast = PromptModel::bundled("qwen3-vl").unwrap().inner.segments.fast().cloned();
+        assert!(fast.is_some(), "the bundled Qwen tokenizer is encoded by mmrouter-tokenize");
+        fast
+    }
+
     const PIECES: &[&str] = &[
         "<|im_start|>",
         "<|im_end|>",
@@ -186,18 +219,20 @@ mod tests {
         #[test]
         fn piecewise_encoding_equals_whole_encoding(parts in prop::collection::vec(0..PIECES.len(), 0..40)) {
             let tok = tokenizer();
-            let enc = SegmentEncoder::new(&tok);
             let text: String = parts.iter().map(|&i| PIECES[i]).collect();
             let whole = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
-            // Twice: the second pass is served from the cache.
-            prop_assert_eq!(&enc.encode(&tok, &text).unwrap(), &whole);
-            prop_assert_eq!(&enc.encode(&tok, &text).unwrap(), &whole);
+            // With `tokenizers` alone and with the fast encoder, twice each: the second pass is served
+            // from the cache.
+            for enc in [SegmentEncoder::new(&tok, None), SegmentEncoder::new(&tok, fast())] {
+                prop_assert_eq!(&enc.encode(&tok, &text).unwrap(), &whole);
+                prop_assert_eq!(&enc.encode(&tok, &text).unwrap(), &whole);
+            }
         }
     }
 
     #[test]
     fn qwen_added_tokens_are_split_literally() {
-        assert!(SegmentEncoder::new(&tokenizer()).splitter.is_some());
+        assert!(SegmentEncoder::new(&tokenizer(), None).splitter.is_some());
     }
 
     #[test]

@@ -5,6 +5,9 @@
 mod accounting_golden;
 mod accounting_kwargs;
 mod accounting_props;
+/// The seeded multilingual corpus of mmrouter-tokenize's own parity tests, shared rather than copied.
+#[path = "../../../tokenize/tests/tokenize/common/corpus.rs"]
+mod corpus;
 mod media_common;
 mod media_data_url;
 mod media_fuzz;
@@ -16,6 +19,7 @@ mod plan;
 mod prompt_parity;
 mod request_parse;
 mod routing;
+mod tokenize_parity;
 
 use std::path::PathBuf;
 
