@@ -75,7 +75,8 @@ async fn health_answers_while_large_prompts_are_planned() {
         .collect();
     // Until the proxy forwards the first of them (it has planned one), `/health` must keep answering.
     let mut answered = 0;
-    while c.sims[0].stats().requests == 0 && answered < 10 {
+    // Five answers: planning on the runtime allows at most one (measured 15–36 with the blocking pool).
+    while c.sims[0].stats().requests == 0 && answered < 5 {
         let health = client().get(format!("{}/health", c.url)).send().await.unwrap();
         assert_eq!(health.status(), 200);
         answered += 1;
