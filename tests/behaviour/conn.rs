@@ -238,7 +238,6 @@ async fn health_says_draining_and_requests_in_flight_finish() {
 /// `mmrouter serve` on an ephemeral port with `server_extra` in `[server]`; its address, and its
 /// stderr lines as they come.
 fn start_binary(server_extra: &str) -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mmrouter.toml");
     let cfg = format!(
@@ -246,29 +245,7 @@ fn start_binary(server_extra: &str) -> (std::process::Child, String, std::sync::
          [[workers]]\nname = \"w\"\nurl = \"http://127.0.0.1:9\"\n"
     );
     std::fs::write(&path, cfg).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    // Keeps reading so the child never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let addr = rx
-        .iter()
-        .find_map(|l| {
-            let rest = l.split("listening on http://").nth(1)?;
-            Some(rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect::<String>())
-        })
-        .expect("the binary logs its address");
-    (child, addr, rx)
+    spawn_serve(&path)
 }
 
 /// Sends SIGTERM and waits for the exit (at most [`PATIENCE`]).

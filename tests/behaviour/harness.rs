@@ -159,3 +159,32 @@ pub async fn post_to(url: &str, path: &str, body: Vec<u8>) -> reqwest::Response 
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
     r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
+
+/// Runs `mmrouter serve --config path` (info logs on stderr); returns the child, the address it
+/// listens on (from its log) and the rest of its log lines. The log is read continuously so the child
+/// never blocks on a full pipe.
+pub fn spawn_serve(path: &std::path::Path) -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .args(["serve", "--config"])
+        .arg(path)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = rx
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("listening on http://").nth(1)?;
+            Some(rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect::<String>())
+        })
+        .expect("the binary logs its address");
+    (child, addr, rx)
+}

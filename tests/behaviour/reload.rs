@@ -161,7 +161,6 @@ async fn the_file_watch_applies_a_written_worker_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_makes_the_binary_reread_its_config() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mmrouter.toml");
     let file = |workers: &[&str]| {
@@ -172,26 +171,7 @@ async fn sighup_makes_the_binary_reread_its_config() {
         toml
     };
     std::fs::write(&path, file(&["w1"])).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let addr = rx
-        .iter()
-        .find_map(|l| {
-            let rest = l.split("listening on http://").nth(1)?;
-            Some(rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect::<String>())
-        })
-        .expect("the binary logs its address");
+    let (mut child, addr, _log) = spawn_serve(&path);
     let url = format!("http://{addr}");
     assert_eq!(workers(&url).await, ["w1"]);
     std::fs::write(&path, file(&["w1", "w2"])).unwrap();
