@@ -132,6 +132,7 @@ pub struct Observer {
     rejected: Cache<u16, Counter>,
     rejected_reasons: Cache<&'static str, Counter>,
     pool_requests: Cache<String, Counter>,
+    worker_info: Cache<(String, String, &'static str), Gauge>,
     fallback: Cache<&'static str, Counter>,
     upstream: Cache<(String, String), Counter>,
     retries: Cache<&'static str, Counter>,
@@ -182,6 +183,7 @@ impl Observer {
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
             pool_requests: Cache::new(),
+            worker_info: Cache::new(),
             fallback: Cache::new(),
             upstream: Cache::new(),
             retries: Cache::new(),
@@ -433,9 +435,12 @@ impl Observer {
                 mmrouter_core::routing::Engine::Vllm => "vllm",
                 mmrouter_core::routing::Engine::Sglang => "sglang",
             };
-            let info = Self::key(WORKER_INFO, &[("worker", w.name()), ("pool", pool), ("engine", engine)]);
+            let info = self.worker_info.get((w.name().to_owned(), pool.to_owned(), engine), |(w, p, e)| {
+                self.recorder
+                    .register_gauge(&Self::key(WORKER_INFO, &[("worker", w), ("pool", p), ("engine", e)]), &METADATA)
+            });
             // A removed worker's series drops to 0 rather than vanishing mid-scrape history.
-            self.recorder.register_gauge(&info, &METADATA).set(if w.is_removed() { 0.0 } else { 1.0 });
+            info.set(if w.is_removed() { 0.0 } else { 1.0 });
             let load = w.inflight();
             let gauge = |name: &'static str| {
                 self.worker_gauges.get((name, w.name().to_owned()), |(n, w)| {

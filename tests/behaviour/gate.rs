@@ -154,13 +154,7 @@ async fn the_gate_matrix() {
         let reason = case.reason.unwrap_or("none");
         let (before, _) = snapshot(&c.url, reason).await;
 
-        let r = client()
-            .post(format!("{}/v1/chat/completions", c.url))
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let r = post(&c.url, body.clone()).await;
         assert_eq!(r.status(), 200, "{}", case.name);
         let route = r.headers()["x-mmrouter-route"].to_str().unwrap().to_owned();
         let seen_hash = r.headers()["x-sim-body-sha256"].to_str().unwrap().to_owned();
@@ -213,13 +207,7 @@ async fn the_gate_matrix() {
 }
 
 async fn chat(url: &str, body: &[u8]) -> (String, String, serde_json::Value) {
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap();
+    let r = post(url, body.to_vec()).await;
     assert_eq!(r.status(), 200);
     let route = r.headers()["x-mmrouter-route"].to_str().unwrap().to_owned();
     let worker = r.headers()["x-mmrouter-worker"].to_str().unwrap().to_owned();

@@ -126,13 +126,7 @@ async fn the_index_follows_a_workers_stores_and_evictions() {
 
 /// Posts `body` to a proxy's chat endpoint and reads the answer to its end.
 async fn chat(url: &str, body: &[u8]) {
-    let resp = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap();
+    let resp = post(url, body.to_vec()).await;
     let status = resp.status();
     let text = resp.text().await.unwrap();
     assert!(status.is_success(), "{status} {text}");

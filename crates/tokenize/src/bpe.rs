@@ -108,16 +108,7 @@ impl Bpe {
             let mut tree = [NO_MERGE; 256];
             self.merge_tree(w, &mut ids, &mut next, &mut prev, &mut new_ids, &mut tree, out)
         } else {
-            let size = n.next_power_of_two();
-            self.merge_tree(
-                w,
-                &mut vec![0; n],
-                &mut vec![0; n],
-                &mut vec![0; n],
-                &mut vec![0; n],
-                &mut vec![NO_MERGE; 2 * size],
-                out,
-            )
+            self.merge_tree_heap(w, out)
         }
     }
 
@@ -163,6 +154,14 @@ impl Bpe {
             }
         }
         out.extend_from_slice(&syms[..len]);
+    }
+
+    /// [`merge_tree`](Self::merge_tree) with its working arrays on the heap (pieces over 128 bytes).
+    fn merge_tree_heap(&self, w: &[u8], out: &mut Vec<u32>) {
+        let n = w.len();
+        let (mut ids, mut next, mut prev, mut new_ids) = (vec![0; n], vec![0; n], vec![0; n], vec![0; n]);
+        let mut tree = vec![NO_MERGE; 2 * n.next_power_of_two()];
+        self.merge_tree(w, &mut ids, &mut next, &mut prev, &mut new_ids, &mut tree, out)
     }
 
     /// Longer pieces: a linked list of symbols and a min-tree over the pair at each position, keyed by
@@ -254,17 +253,7 @@ impl Bpe {
         let mut a = Vec::new();
         let mut b = Vec::new();
         self.merge_linear::<256>(w, &mut a);
-        let n = w.len();
-        let size = n.next_power_of_two();
-        self.merge_tree(
-            w,
-            &mut vec![0; n],
-            &mut vec![0; n],
-            &mut vec![0; n],
-            &mut vec![0; n],
-            &mut vec![NO_MERGE; 2 * size],
-            &mut b,
-        );
+        self.merge_tree_heap(w, &mut b);
         (a, b)
     }
 }
