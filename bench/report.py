@@ -3,9 +3,9 @@
 
 rows.tsv:       name, title, status ("ok" or "n/a (reason)"), report json, fallback count, sim TTFT ms,
                 prompt tokens per sim (comma-separated)
-overhead.tsv:   title, status, text report json, image report json
-throughput.tsv: title, status, text report jsons (comma-separated repetitions), image report jsons,
-                router CPU µs per text request, per image request
+overhead.tsv:   title, shape ("-" when the path did not start), status, report json
+throughput.tsv: title, shape ("-" when the path did not start), status, report jsons (comma-separated
+                repetitions), router CPU µs per request
 """
 import argparse
 import json
@@ -138,36 +138,58 @@ def main_table(a, out):
         )
 
 
+SHAPE_TITLES = {
+    "text": "text, cache hit (one body repeated)",
+    "image": "150 KB image, cache hit (one body repeated)",
+    "unique-500": "unique ~500-token prompts",
+    "unique-2000": "unique ~2000-token prompts",
+    "unique-8000": "unique ~8000-token prompts",
+    "multi-turn": "multi-turn (history resent, one new ~200-token turn)",
+}
+
+
+def shape_title(shape):
+    return SHAPE_TITLES.get(shape, shape)
+
+
+def in_order(keys):
+    """Shapes in the order they were run (first appearance)."""
+    seen = []
+    for k in keys:
+        if k not in seen:
+            seen.append(k)
+    return seen
+
+
 def overhead_table(a, out):
     out += [
         "",
         "## Proxy overhead (mean latency minus direct; one zero-time sim, one non-streaming request at a time)",
         "",
-        "| path | text mean µs | text p50 µs | text added µs | ratio to sglang-router "
-        "| 150 KB image mean µs | image p50 µs | image added µs | ratio to sglang-router |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | path | mean µs | p50 µs | added µs | ratio to sglang-router |",
+        "|---|---|---|---|---|---|",
     ]
     rows = read_tsv(a.overhead, 4)
-    means = {}  # (title, shape) -> mean ms
-    for title, status, text_path, image_path in rows:
-        for shape, path in (("text", text_path), ("image", image_path)):
-            r = load(path) if status == "ok" else None
-            if r is not None and r["ok"]:
-                means[(title, shape)] = r
+    reports = {}  # (title, shape) -> report
+    for title, shape, status, path in rows:
+        r = load(path) if status == "ok" else None
+        if r is not None and r["ok"]:
+            reports[(title, shape)] = r
     added = {}
-    for (title, shape), r in means.items():
-        base = means.get(("direct", shape))
+    for (title, shape), r in reports.items():
+        base = reports.get(("direct", shape))
         if base is not None:
             added[(title, shape)] = r["latency_ms"]["mean"] - base["latency_ms"]["mean"]
-    for title, status, _, _ in rows:
-        if status != "ok":
-            out.append(f"| {title} | {status} |" + " |" * 7)
-            continue
-        cells = []
-        for shape in ("text", "image"):
-            r = means.get((title, shape))
+    titles = in_order(r[0] for r in rows)
+    unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
+    for shape in in_order(r[1] for r in rows if r[1] != "-"):
+        for title in titles:
+            if title in unavailable:
+                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} | | | |")
+                continue
+            r = reports.get((title, shape))
             if r is None:
-                cells += ["n/a", "n/a", "-", "-"]
+                out.append(f"| {shape_title(shape)} | {title} | n/a | | | |")
                 continue
             err = f" ({r['requests'] - r['ok']} failed)" if r["ok"] != r["requests"] else ""
             if title == "direct":
@@ -177,19 +199,21 @@ def overhead_table(a, out):
                 over = "-" if d is None else f"{1000 * d:+.0f}"
                 peer = added.get((PEER, shape))
                 rel = ratio(d, peer) if d is not None and peer and peer > 0 else "-"
-            cells += [us(r["latency_ms"]["mean"]) + err, us(r["latency_ms"]["p50"]), over, rel]
-        out.append(f"| {title} | " + " | ".join(cells) + " |")
+            out.append(
+                f"| {shape_title(shape)} | {title} | {us(r['latency_ms']['mean'])}{err} "
+                f"| {us(r['latency_ms']['p50'])} | {over} | {rel} |"
+            )
     out += [
         "",
         "added µs = the path's mean latency minus direct's (same sim, same requests, after an unmeasured "
         "warm-up); ratio to sglang-router = added µs / sglang-router's added µs (below 1 is less overhead).",
     ]
-    for title, status, text_path, image_path in rows:
-        if status != "ok" or not title.startswith("mmrouter"):
+    for title in titles:
+        if not title.startswith("mmrouter"):
             continue
         parts = []
-        for shape, path in (("text", text_path), ("150 KB image", image_path)):
-            means = stage_means_us(path)
+        for t, shape, status, path in rows:
+            means = stage_means_us(path) if t == title and status == "ok" else None
             if not means:
                 continue
             own = sum(v for k, v in means.items() if k != "forward_ttfb")
@@ -209,48 +233,53 @@ def throughput_table(a, out):
         "## Proxy throughput (closed loop, concurrency 16, two zero-time sims, non-streaming)",
         "",
         "Loadgen, both sims and the router share this machine's cores, so every router row is capped well "
-        "below the router's own ceiling, and all rows alike; the direct row is the loadgen + sims ceiling.",
+        "below the router's own ceiling, and all rows alike; the direct row is the loadgen + sims ceiling. "
+        "The sims compute each prompt with mmrouter's own pipeline (they tokenize too), so on the unique "
+        "shapes they take a larger share of the cores.",
         "",
-        "| path | text req/s (median) | text runs min–max | text ratio to sglang-router | text router CPU µs/req "
-        "| 150 KB image req/s (median) | image runs min–max | image ratio to sglang-router "
-        "| image router CPU µs/req | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | path | req/s (median) | runs min–max | ratio to sglang-router | router CPU µs/req "
+        "| CPU ratio to sglang-router | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    rows = read_tsv(a.throughput, 6)
-    stats = {}  # (title, shape) -> (median, min, max, errors, runs)
-    for title, status, text_paths, image_paths, _, _ in rows:
+    rows = read_tsv(a.throughput, 5)
+    stats = {}  # (title, shape) -> (median, min, max, errors, runs, cpu)
+    for title, shape, status, paths, cpu in rows:
         if status != "ok":
             continue
-        for shape, paths in (("text", text_paths), ("image", image_paths)):
-            reps = [r for r in (load(p) for p in paths.split(",") if p) if r is not None]
-            if not reps:
+        reps = [r for r in (load(p) for p in paths.split(",") if p) if r is not None]
+        if not reps:
+            continue
+        rps = [r["throughput_rps"] for r in reps]
+        errors = sum(r["requests"] - r["ok"] for r in reps)
+        cpu_us = float(cpu) if cpu else None
+        stats[(title, shape)] = (statistics.median(rps), min(rps), max(rps), errors, len(reps), cpu_us)
+    titles = in_order(r[0] for r in rows)
+    unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
+    for shape in in_order(r[1] for r in rows if r[1] != "-"):
+        peer = stats.get((PEER, shape))
+        for title in titles:
+            if title in unavailable:
+                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} |" + " |" * 5)
                 continue
-            rps = [r["throughput_rps"] for r in reps]
-            errors = sum(r["requests"] - r["ok"] for r in reps)
-            stats[(title, shape)] = (statistics.median(rps), min(rps), max(rps), errors, len(reps))
-    for title, status, _, _, text_cpu, image_cpu in rows:
-        if status != "ok":
-            out.append(f"| {title} | {status} |" + " |" * 8)
-            continue
-        cells, errs = [], []
-        for shape, cpu in (("text", text_cpu), ("image", image_cpu)):
             s = stats.get((title, shape))
             if s is None:
-                cells += ["n/a", "-", "-", "-"]
+                out.append(f"| {shape_title(shape)} | {title} | n/a |" + " |" * 5)
                 continue
-            med, lo, hi, errors, runs = s
-            peer = stats.get((PEER, shape))
-            cells += [f"{med:.0f}", f"{lo:.0f}–{hi:.0f} ({runs} runs)", ratio(med, peer[0] if peer else None),
-                      cpu or "-"]
-            if errors:
-                errs.append(f"{shape}: {errors}")
-        out.append(f"| {title} | " + " | ".join(cells) + f" | {', '.join(errs) or '-'} |")
+            med, lo, hi, errors, runs, cpu = s
+            cpu_cell = "-" if cpu is None else f"{cpu:.0f}"
+            cpu_rel = ratio(cpu, peer[5] if peer else None) if cpu is not None else "-"
+            out.append(
+                f"| {shape_title(shape)} | {title} | {med:.0f} | {lo:.0f}–{hi:.0f} ({runs} runs) "
+                f"| {ratio(med, peer[0] if peer else None)} | {cpu_cell} | {cpu_rel} | {errors or '-'} |"
+            )
     out += [
         "",
         "req/s = successful requests / wall time of one run (first send to last answer), median over the runs "
         "after an unmeasured warm-up; ratio = median / sglang-router's median; router CPU µs/req = user + "
         "system CPU time of the router process (and its children) over the measured runs / requests sent: "
-        "its own cost per request, which does not depend on how the cores are shared.",
+        "its own cost per request, which does not depend on how the cores are shared; CPU ratio = that / "
+        "sglang-router's (below 1 is cheaper). On the unique shapes no request repeats within one router "
+        "process (each run starts where the previous stopped).",
     ]
 
 
@@ -265,7 +294,8 @@ def main():
     a = ap.parse_args()
 
     out = ["# mmrouter routing benchmark", "", a.params, ""]
-    main_table(a, out)
+    if read_tsv(a.rows, 7):
+        main_table(a, out)
     overhead_table(a, out)
     if a.throughput:
         throughput_table(a, out)

@@ -17,14 +17,16 @@
 #
 # Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
 # failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
-# Usage: bench/run.sh [--quick] [--no-build] [--no-peers]
+# Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
 #   --quick     small workload, short runs (< 10 min on 2 cores once built and installed)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
+#   --only=routing,overhead,throughput  run only these sections (default: all three)
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
-#   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17).
-# Output: bench/results/latest.md (also printed).
+#   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
+#   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000).
+# Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,15 +34,17 @@ BENCH="$ROOT/bench"
 QUICK=0
 BUILD=1
 PEERS=1
+ONLY=routing,overhead,throughput
 PHASE=prepare
 for arg in "$@"; do
   case "$arg" in
     --quick) QUICK=1 ;;
     --no-build) BUILD=0 ;;
     --no-peers) PEERS=0 ;;
+    --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,27p' "$0"
+      sed -n '2,30p' "$0"
       exit 0
       ;;
     *)
@@ -58,6 +62,7 @@ VENV="$BENCH/.venv"
 WORK=${BENCH_WORK:-}
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+section_on() { [[ ",$ONLY," == *",$1,"* ]]; }
 # Failures are collected (the run goes on so the report shows every row) and make the script exit 1
 # at the end, naming the phase and the reason. An unexpected command failure names its line at once.
 FAILURES=()
@@ -108,6 +113,7 @@ if [[ $PHASE == prepare ]]; then
   args=(--phase=run)
   [[ $QUICK == 1 ]] && args+=(--quick)
   [[ $PEERS == 0 ]] && args+=(--no-peers)
+  args+=("--only=$ONLY")
   export BENCH_WORK=$WORK MMROUTER_BIN=$MMR LOADGEN_BIN=$LOADGEN
   if unshare -rn true 2>/dev/null; then
     exec unshare -rn bash -c 'ip link set lo up 2>/dev/null || true; exec bash "$0" "$@"' "$0" "${args[@]}"
@@ -128,10 +134,11 @@ unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY all_proxy
 # THRU_WARMUP); the text requests are small and fast, so they get more to last long enough to time.
 if [[ $QUICK == 1 ]]; then
   N_SIMS=4 CONVERSATIONS=24 TURNS=3 CONCURRENCY=8 OVERHEAD_N=600
-  THRU_TEXT_N=3000 THRU_IMAGE_N=600 THRU_REPS=5
+  THRU_TEXT_N=3000 THRU_IMAGE_N=600 THRU_U500_N=1000 THRU_U2000_N=500 THRU_U8000_N=150 THRU_MT_N=800 THRU_REPS=5
 else
   N_SIMS=4 CONVERSATIONS=96 TURNS=4 CONCURRENCY=16 OVERHEAD_N=2000
-  THRU_TEXT_N=20000 THRU_IMAGE_N=2000 THRU_REPS=5
+  THRU_TEXT_N=20000 THRU_IMAGE_N=2000 THRU_U500_N=4000 THRU_U2000_N=2000 THRU_U8000_N=500 THRU_MT_N=3000
+  THRU_REPS=5
 fi
 THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
@@ -244,7 +251,9 @@ write_config() {
       printf '\n'
     done
     printf '[routing]\npolicy = "%s"\n\n' "$policy"
-    printf '[media]\nallow_cidrs = ["127.0.0.0/8"]\n'
+    # A pixel limit below the workload's fallback photos (24 MP and up) and above every other image:
+    # the router falls back on them, the sims (like vLLM) serve them.
+    printf '[media]\nallow_cidrs = ["127.0.0.0/8"]\nmax_pixels = 16000000\n'
   } >"$file"
 }
 
@@ -314,15 +323,41 @@ log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
 IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
-"$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
+section_on routing && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
 # Overhead and throughput requests are non-streaming: the proxy's own cost, without stream-flushing
-# effects. One file per shape serves both sections (--max-requests cuts the shorter runs).
-TEXT_N=$((OVERHEAD_N > THRU_TEXT_N ? OVERHEAD_N : THRU_TEXT_N))
-IMAGE_N=$((OVERHEAD_N > THRU_IMAGE_N ? OVERHEAD_N : THRU_IMAGE_N))
-"$LOADGEN" workload --seed "$SEED" --shape text --conversations "$TEXT_N" --max-tokens 1 --no-stream \
-  --out "$WORK/shape-text.jsonl" >&2
-"$LOADGEN" workload --seed "$SEED" --shape single-image --image-bytes 150000 --conversations "$IMAGE_N" \
-  --max-tokens 1 --no-stream --out "$WORK/shape-image.jsonl" >&2
+# effects. Shapes (name|workload options|overhead requests|throughput requests per run): two repeat one
+# body (every router cache hits: "cache hit" rows); the others are new text on every request, as real
+# traffic is: one-shot prompts of ~500/2000/8000 tokens and conversations resending their history with one
+# new ~200-token turn. Each run against one router process starts where the previous one stopped
+# (loadgen --skip), so a unique shape never repeats a request to the same router.
+repeats() { [[ $1 == text || $1 == image ]]; }
+# first_line SHAPE LINE: where a run that would start at LINE starts (0 for a repeated body).
+first_line() { if repeats "$1"; then echo 0; else echo "$2"; fi; }
+SHAPES=(
+  "text|--shape text|$OVERHEAD_N|$THRU_TEXT_N"
+  "image|--shape single-image --image-bytes 150000|$OVERHEAD_N|$THRU_IMAGE_N"
+  "unique-500|--shape unique-text --prompt-tokens 500|$OVERHEAD_N|$THRU_U500_N"
+  "unique-2000|--shape unique-text --prompt-tokens 2000|$((OVERHEAD_N / 2))|$THRU_U2000_N"
+  "unique-8000|--shape unique-text --prompt-tokens 8000|$((OVERHEAD_N / 4))|$THRU_U8000_N"
+  "multi-turn|--shape multi-turn --turns 8 --turn-tokens 200|$((OVERHEAD_N / 2))|$THRU_MT_N"
+)
+if [[ -n ${BENCH_SHAPES:-} ]]; then
+  kept=()
+  for sh in "${SHAPES[@]}"; do [[ ",$BENCH_SHAPES," == *",${sh%%|*},"* ]] && kept+=("$sh"); done
+  SHAPES=("${kept[@]+"${kept[@]}"}")
+fi
+OVER_COUNTS= THRU_COUNTS=
+for sh in "${SHAPES[@]}"; do
+  IFS='|' read -r shape wl over_n thru_n <<<"$sh"
+  OVER_COUNTS+="${OVER_COUNTS:+ / }$shape $over_n" THRU_COUNTS+="${THRU_COUNTS:+ / }$shape $thru_n"
+  need=$((OVERHEAD_WARMUP + over_n > THRU_WARMUP + THRU_REPS * thru_n ? OVERHEAD_WARMUP + over_n : THRU_WARMUP + THRU_REPS * thru_n))
+  # A repeated body needs only as many lines as the longest single run.
+  repeats "$shape" && need=$((OVERHEAD_WARMUP + over_n > thru_n ? OVERHEAD_WARMUP + over_n : thru_n))
+  read -ra wl_args <<<"$wl"
+  [[ $shape == multi-turn ]] && need=$(((need + 7) / 8)) # conversations of 8 turns
+  "$LOADGEN" workload --seed "$SEED" "${wl_args[@]}" --conversations "$need" --max-tokens 1 --no-stream \
+    --out "$WORK/shape-$shape.jsonl" >&2
+done
 
 ROWS="$WORK/rows.tsv"
 : >"$ROWS"
@@ -341,6 +376,7 @@ RUNS=(
   "reuse-ceiling|ceiling|reuse ceiling: one sim, KV never evicts, concurrency 1 (no router)|1"
 )
 for run in "${RUNS[@]}"; do
+  section_on routing || break
   IFS='|' read -r name kind title conc <<<"$run"
   conc=${conc:-$CONCURRENCY}
   log "run $name: $title (concurrency $conc)"
@@ -384,30 +420,34 @@ done
 # Overhead: one zero-time sim, sequential requests, direct vs through each router.
 OVER="$WORK/overhead.tsv"
 : >"$OVER"
-log "overhead: $OVERHEAD_N sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), zero-time sim"
+section_on overhead && log "overhead: sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), zero-time sim"
 for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
+  section_on overhead || break
   IFS='|' read -r title kind <<<"$run"
   name="overhead-${kind//:/-}"
   start_sims 1 0 0 0
   if ! start_router "$kind" "$name"; then
-    printf '%s\tn/a (%s)\t\t\n' "$title" "$ROUTER_ERR" >>"$OVER"
+    printf '%s\t%s\tn/a (%s)\t\n' "$title" "-" "$ROUTER_ERR" >>"$OVER"
     unavailable_is_failure "$kind" && fail "overhead $name" "$ROUTER_ERR"
     stop_sims
     continue
   fi
   url=${ROUTER_URL:-${SIM_URLS[0]}}
-  for shape in text image; do
+  for sh in "${SHAPES[@]}"; do
+    IFS='|' read -r shape _ over_n _ <<<"$sh"
     # Warm-up (connections, caches), not measured.
     "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
       --max-requests "$OVERHEAD_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
     # mmrouter's own stage histograms around the measured requests (report.py takes the difference).
     if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.before.prom" || true; fi
+    status=ok
     "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
-      --max-requests "$OVERHEAD_N" --timeout-secs 30 --label "$name-$shape" \
-      --json-out "$WORK/$name-$shape.json" >&2 || fail "overhead $name-$shape" "loadgen failed"
+      --skip "$(first_line "$shape" "$OVERHEAD_WARMUP")" \
+      --max-requests "$over_n" --timeout-secs 30 --label "$name-$shape" \
+      --json-out "$WORK/$name-$shape.json" >&2 || { status="n/a (loadgen failed)"; fail "overhead $name-$shape" "loadgen failed"; }
     if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.after.prom" || true; fi
+    printf '%s\t%s\t%s\t%s\n' "$title" "$shape" "$status" "$WORK/$name-$shape.json" >>"$OVER"
   done
-  printf '%s\tok\t%s\t%s\n' "$title" "$WORK/$name-text.json" "$WORK/$name-image.json" >>"$OVER"
   stop_router
   stop_sims
 done
@@ -415,13 +455,15 @@ done
 # Throughput: two zero-time sims, closed loop; direct spreads round-robin over both sims itself.
 THRU="$WORK/throughput.tsv"
 : >"$THRU"
-log "throughput: $THRU_REPS x ($THRU_TEXT_N text, $THRU_IMAGE_N image) requests, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims"
+section_on throughput &&
+  log "throughput: $THRU_REPS runs per shape, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims"
 for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
+  section_on throughput || break
   IFS='|' read -r title kind <<<"$run"
   name="throughput-${kind//:/-}"
   start_sims "$THRU_SIMS" 0 0 0
   if ! start_router "$kind" "$name"; then
-    printf '%s\tn/a (%s)\t\t\n' "$title" "$ROUTER_ERR" >>"$THRU"
+    printf '%s\t%s\tn/a (%s)\t\t\n' "$title" "-" "$ROUTER_ERR" >>"$THRU"
     unavailable_is_failure "$kind" && fail "throughput $name" "$ROUTER_ERR"
     stop_sims
     continue
@@ -432,30 +474,28 @@ for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|s
   else
     urls=(--url "$ROUTER_URL")
   fi
-  files=() cpu=()
-  for shape in text image; do
-    n=$([[ $shape == text ]] && echo "$THRU_TEXT_N" || echo "$THRU_IMAGE_N")
+  for sh in "${SHAPES[@]}"; do
+    IFS='|' read -r shape _ _ n <<<"$sh"
     "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
       --max-requests "$THRU_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
     reps=()
     ticks0=$([[ -n $ROUTER_PID ]] && cpu_ticks "$ROUTER_PID" || echo 0)
     for rep in $(seq 1 "$THRU_REPS"); do
       "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
-        --max-requests "$n" --timeout-secs 30 --label "$name-$shape-$rep" \
-        --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 || fail "throughput $name-$shape-$rep" "loadgen failed"
+        --skip "$(first_line "$shape" $((THRU_WARMUP + (rep - 1) * n)))" --max-requests "$n" --timeout-secs 30 \
+        --label "$name-$shape-$rep" --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 ||
+        fail "throughput $name-$shape-$rep" "loadgen failed"
       reps+=("$WORK/$name-$shape-$rep.json")
     done
-    files+=("$(IFS=,; echo "${reps[*]}")")
     # The router process's CPU time per request sent (its own cost, whatever the cores' sharing).
+    cpu=
     if [[ -n $ROUTER_PID ]]; then
       ticks1=$(cpu_ticks "$ROUTER_PID")
-      cpu+=("$(awk -v d="$((ticks1 - ticks0))" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
-        'BEGIN { printf "%.0f", 1e6 * d / hz / n }')")
-    else
-      cpu+=("")
+      cpu=$(awk -v d="$((ticks1 - ticks0))" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
+        'BEGIN { printf "%.0f", 1e6 * d / hz / n }')
     fi
+    printf '%s\t%s\tok\t%s\t%s\n' "$title" "$shape" "$(IFS=,; echo "${reps[*]}")" "$cpu" >>"$THRU"
   done
-  printf '%s\tok\t%s\t%s\t%s\t%s\n' "$title" "${files[0]}" "${files[1]}" "${cpu[0]}" "${cpu[1]}" >>"$THRU"
   stop_router
   stop_sims
 done
@@ -465,12 +505,15 @@ ELAPSED=$(($(date +%s) - ${BENCH_START:-$(date +%s)}))
 PARAMS="$([[ $QUICK == 1 ]] && echo quick || echo full) run, $(date -u +%Y-%m-%dT%H:%MZ); $N_SIMS sims (block 16, \
 kv-blocks $KV_BLOCKS, ttft-base ${TTFT_BASE_MS} ms, prefill ${PREFILL_US} us/token, decode ${DECODE_MS} ms/token, \
 max $MAX_TOKENS output tokens); workload seed $SEED, $CONVERSATIONS conversations x $TURNS turns, closed loop \
-concurrency $CONCURRENCY; overhead: $OVERHEAD_N sequential requests per shape on one zero-time sim; throughput: \
-$THRU_REPS runs of $THRU_TEXT_N text / $THRU_IMAGE_N image requests, closed loop concurrency $THRU_CONCURRENCY, \
-$THRU_SIMS zero-time sims; script wall time ${ELAPSED} s ($(nproc) CPUs)"
+concurrency $CONCURRENCY; overhead: sequential requests on one zero-time sim, per shape $OVER_COUNTS; \
+throughput: $THRU_REPS runs per shape of $THRU_COUNTS requests, closed loop concurrency $THRU_CONCURRENCY, \
+$THRU_SIMS zero-time sims; sections $ONLY; script wall time ${ELAPSED} s ($(nproc) CPUs)"
+# A run of some sections or shapes does not replace the full report.
+OUT="$BENCH/results/latest.md"
+[[ $ONLY == routing,overhead,throughput && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
 python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --params "$PARAMS" \
-  --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$BENCH/results/latest.md"
-cat "$BENCH/results/latest.md"
+  --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$OUT"
+cat "$OUT"
 log "raw results in $WORK"
 if ((${#FAILURES[@]})); then
   log "${#FAILURES[@]} failure(s):"

@@ -259,7 +259,7 @@ async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extreme_aspect_ratio_falls_back_with_its_reason() {
+async fn extreme_aspect_ratio_falls_back_and_the_workers_400_reaches_the_client() {
     let c = cluster_with(sims(4, fast).await, "").await;
     let body = chat_body(&[png_data_url(5000, 20, 1)], "What is this strip?", false);
     let plan = debug_route(&c.url, &body).await;
@@ -267,8 +267,12 @@ async fn extreme_aspect_ratio_falls_back_with_its_reason() {
     assert_eq!(plan["reason"], "aspect_ratio");
     assert_eq!(plan["image_tokens"], serde_json::json!([]));
     let before = metric(&metrics_text(&c.url).await, "mmrouter_mm_fallback_total", "reason=\"aspect_ratio\"");
-    let (route, _, _) = chat(&c.url, &body).await;
-    assert_eq!(route, "text_prefix");
+    // The worker's processor refuses the strip as vLLM's does: its 400 reaches the client as it is.
+    let r = post(&c.url, body.clone()).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(header(&r, "x-mmrouter-route"), "text_prefix");
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert!(err["error"]["message"].as_str().unwrap_or_default().contains("aspect_ratio"), "{err}");
     let after = metric(&metrics_text(&c.url).await, "mmrouter_mm_fallback_total", "reason=\"aspect_ratio\"");
     assert_eq!(after - before, 1.0);
 }

@@ -57,8 +57,8 @@ fn metrics_page_passes_promtool_and_names_every_family() {
     }
     assert!(harness::metric(&text, &format!("{}_count", m::PROMPT_TOKENS_DRIFT), "") >= 1.0, "no drift sample");
     assert!(
-        harness::metric(&text, m::MM_FALLBACK_TOTAL, "reason=\"aspect_ratio\"") >= 1.0,
-        "the 5000x20 image fell back for another reason:\n{text}"
+        harness::metric(&text, m::MM_FALLBACK_TOTAL, "reason=\"too_large\"") >= 1.0,
+        "the 1.2 MP image fell back for another reason:\n{text}"
     );
 
     promtool_accepts(&text);
@@ -104,14 +104,15 @@ async fn traffic_then_metrics() -> String {
         o.decode_ms_per_token = 0;
     })
     .await;
-    let cluster = harness::cluster_with(sims, "").await;
+    // A router pixel limit below the worker's: the router falls back, the worker serves the image.
+    let cluster = harness::cluster_with(sims, "[media]\nmax_pixels = 1000000").await;
     let chat = format!("{}/v1/chat/completions", cluster.url);
 
-    let wide = harness::png_data_url(5000, 20, 7);
+    let large = harness::png_data_url(1200, 1000, 7);
     let cases = [
         ("no_media", harness::chat_body(&[], &harness::unique("text"), false)),
         ("exact", harness::chat_body(&[harness::data_url("rocket.jpg")], &harness::unique("image"), false)),
-        ("text_prefix", harness::chat_body(&[wide], &harness::unique("wide"), false)),
+        ("text_prefix", harness::chat_body(&[large], &harness::unique("large"), false)),
         ("no_media", harness::chat_body(&[], &harness::unique("stream"), true)),
     ];
     for (route, body) in cases {

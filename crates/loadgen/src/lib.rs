@@ -38,7 +38,7 @@ use tokio::sync::{oneshot, Notify};
 
 pub use error::LoadgenError;
 pub use stats::{percentile, Summary};
-pub use workload::{generate_workload, WorkloadOptions, WorkloadShape};
+pub use workload::{generate_workload, WorkloadOptions, WorkloadShape, FALLBACK_MIN_PIXELS};
 
 use client::Outcome;
 
@@ -74,6 +74,9 @@ pub struct LoadgenOptions {
     /// Stop after sending this many requests.
     #[arg(long)]
     pub max_requests: Option<usize>,
+    /// Start at this line of the workload (so successive runs against one router send new requests).
+    #[arg(long, default_value_t = 0)]
+    pub skip: usize,
     /// Per-request timeout (whole response).
     #[arg(long, default_value_t = 120.0)]
     pub timeout_secs: f64,
@@ -98,6 +101,7 @@ impl LoadgenOptions {
             rate: None,
             duration_secs: None,
             max_requests: None,
+            skip: 0,
             timeout_secs: 120.0,
             json_out: None,
             label: "run".into(),
@@ -413,7 +417,14 @@ async fn run_typed(opts: LoadgenOptions) -> Result<Report, LoadgenError> {
     if concurrency == 0 {
         return Err(LoadgenError::InvalidOption { option: "concurrency", reason: "must be at least 1".into() });
     }
-    let requests = load_workload(&opts.workload)?;
+    let mut requests = load_workload(&opts.workload)?;
+    if opts.skip >= requests.len() {
+        return Err(LoadgenError::InvalidOption {
+            option: "skip",
+            reason: format!("{} skips all {} requests of the workload", opts.skip, requests.len()),
+        });
+    }
+    requests.drain(..opts.skip);
     let client = client_builder()
         .timeout(timeout)
         .no_proxy()

@@ -11,9 +11,10 @@
 //! * A few long shared system prompts (several hundred tokens each; [`super::texts`]).
 //! * The first user turn carries 1–`--max-images` images (uniform); later turns are text only but
 //!   keep the first turn's images in the history.
-//! * round(`--fallback-fraction` × all images) of the images, at random, are images the model
-//!   cannot account (extreme aspect ratio such as 5000×20), so the router's text-prefix fallback
-//!   runs. Each other image is, with probability `--shared-image-fraction`, one of a shared pool
+//! * round(`--fallback-fraction` × all images) of the images, at random, are photos of 24–34 MP
+//!   ([`FALLBACK_MIN_PIXELS`] and up): a worker serves them, and a router whose `media.max_pixels` is
+//!   below that (`bench/run.sh` sets 16 MP) does not account them, so its text-prefix fallback runs on
+//!   requests a real worker answers (an image the engine itself refuses would only measure a 400). Each other image is, with probability `--shared-image-fraction`, one of a shared pool
 //!   (every real photo from `--images-dir` plus `--shared-pool` synthetic camera images) reused
 //!   across conversations; otherwise a synthetic image unique to this conversation.
 //! * Synthetic images are small valid PNGs with realistic camera geometries (4032×3024, 1920×1080,
@@ -24,7 +25,13 @@
 //!   the load generator preserves that per-conversation order.
 //!
 //! `--shape text` and `--shape single-image` write `--conversations` identical one-turn requests
-//! (a short text chat, or one incompressible PNG of about `--image-bytes` bytes) for overhead runs.
+//! (a short text chat, or one incompressible PNG of about `--image-bytes` bytes): what a router sees
+//! when every request repeats (its caches hit). Real traffic is new text, which the other shapes write:
+//! * `--shape unique-text`: `--conversations` one-shot prompts of about `--prompt-tokens` tokens of
+//!   prose, every one different (no shared system prompt either).
+//! * `--shape multi-turn`: `--conversations` text conversations of `--turns` turns behind a shared
+//!   system prompt; each request resends the history and adds one new turn (the previous answer and a
+//!   new user message, about `--turn-tokens` new tokens in all; the first turn's user message alone).
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs;
@@ -50,6 +57,10 @@ pub enum WorkloadShape {
     Text,
     /// Identical one-turn chats with one image of about `--image-bytes`.
     SingleImage,
+    /// One-shot prompts of about `--prompt-tokens` tokens, every one different.
+    UniqueText,
+    /// Text conversations resending their history, one new turn of about `--turn-tokens` per request.
+    MultiTurn,
 }
 
 /// Options of `mmrouter workload`.
@@ -70,7 +81,7 @@ pub struct WorkloadOptions {
     /// Output JSONL file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Fraction of images the model cannot account (extreme aspect ratio).
+    /// Fraction of images above a router pixel limit (24–34 MP photos; see the module doc).
     #[arg(long, default_value_t = 0.1)]
     pub fallback_fraction: f64,
     /// Fraction of (accountable) images drawn from the pool shared across conversations.
@@ -100,6 +111,12 @@ pub struct WorkloadOptions {
     /// Approximate PNG size of the `single-image` shape.
     #[arg(long, default_value_t = 150_000)]
     pub image_bytes: usize,
+    /// Approximate prompt length (tokens) of the `unique-text` shape.
+    #[arg(long, default_value_t = 2000)]
+    pub prompt_tokens: usize,
+    /// Approximate new tokens per request of the `multi-turn` shape.
+    #[arg(long, default_value_t = 200)]
+    pub turn_tokens: usize,
 }
 
 impl WorkloadOptions {
@@ -121,6 +138,8 @@ impl WorkloadOptions {
             no_stream: false,
             shape: WorkloadShape::Mixed,
             image_bytes: 150_000,
+            prompt_tokens: 2000,
+            turn_tokens: 200,
         }
     }
 
@@ -145,6 +164,8 @@ impl WorkloadOptions {
         positive("conversations", self.conversations)?;
         positive("turns", self.turns)?;
         positive("max-images", self.max_images)?;
+        positive("prompt-tokens", self.prompt_tokens)?;
+        positive("turn-tokens", self.turn_tokens)?;
         if self.image_bytes > 64 << 20 {
             return Err(LoadgenError::InvalidOption {
                 option: "image-bytes",
@@ -165,6 +186,8 @@ fn generate(opts: &WorkloadOptions) -> Result<usize, LoadgenError> {
     let lines = match opts.shape {
         WorkloadShape::Mixed => mixed(opts)?,
         WorkloadShape::Text | WorkloadShape::SingleImage => one_turn(opts),
+        WorkloadShape::UniqueText => unique_text(opts),
+        WorkloadShape::MultiTurn => multi_turn(opts),
     };
     let write_err = |source| LoadgenError::Write { path: opts.out.clone(), source };
     let file = fs::File::create(&opts.out).map_err(write_err)?;
@@ -190,8 +213,12 @@ const CAMERA_GEOMETRIES: &[(u32, u32)] = &[
     (640, 480),
 ];
 
-/// Geometries no supported model accounts (aspect ratio beyond 200:1).
-const FALLBACK_GEOMETRIES: &[(u32, u32)] = &[(5000, 20), (20, 5000), (4200, 16)];
+/// Geometries of the fallback images: a 24 MP camera both ways up and a 34 MP panorama. Every
+/// camera geometry above stays below [`FALLBACK_MIN_PIXELS`].
+const FALLBACK_GEOMETRIES: &[(u32, u32)] = &[(6000, 4000), (4000, 6000), (8192, 4096)];
+
+/// The fewest pixels of a fallback image: a router limit `media.max_pixels` below this makes them fall back.
+pub const FALLBACK_MIN_PIXELS: u64 = 24_000_000;
 
 fn data_url(mime: &str, bytes: &[u8]) -> String {
     format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
@@ -317,7 +344,12 @@ fn mixed(opts: &WorkloadOptions) -> Result<Vec<Value>, LoadgenError> {
         conversations.push(turns);
     }
 
-    let mut out = Vec::with_capacity(opts.conversations.saturating_mul(opts.turns));
+    Ok(interleave(&mut rng, conversations))
+}
+
+/// The conversations' lines interleaved at random, each conversation's in order.
+fn interleave(rng: &mut StdRng, mut conversations: Vec<VecDeque<Value>>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(conversations.iter().map(VecDeque::len).sum());
     let mut active: Vec<usize> = (0..conversations.len()).collect();
     while !active.is_empty() {
         let slot = rng.random_range(0..active.len());
@@ -329,7 +361,7 @@ fn mixed(opts: &WorkloadOptions) -> Result<Vec<Value>, LoadgenError> {
             }
         }
     }
-    Ok(out)
+    out
 }
 
 fn one_turn(opts: &WorkloadOptions) -> Vec<Value> {
@@ -350,6 +382,39 @@ fn one_turn(opts: &WorkloadOptions) -> Vec<Value> {
     ]);
     let b = body(opts, messages);
     (0..opts.conversations).map(|i| line(i, 0, b.clone())).collect()
+}
+
+fn unique_text(opts: &WorkloadOptions) -> Vec<Value> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    (0..opts.conversations)
+        .map(|i| {
+            let messages = json!([{"role": "user", "content": texts::prose(&mut rng, opts.prompt_tokens)}]);
+            line(i, 0, body(opts, messages))
+        })
+        .collect()
+}
+
+fn multi_turn(opts: &WorkloadOptions) -> Vec<Value> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let conversations = (0..opts.conversations)
+        .map(|conv| {
+            let system = pick(&mut rng, texts::SYSTEM_PROMPTS);
+            let first = texts::prose(&mut rng, opts.turn_tokens);
+            let mut messages =
+                vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": first})];
+            let mut turns = VecDeque::with_capacity(opts.turns);
+            for turn in 0..opts.turns {
+                if turn > 0 {
+                    let half = (opts.turn_tokens / 2).max(1);
+                    messages.push(json!({"role": "assistant", "content": texts::prose(&mut rng, half)}));
+                    messages.push(json!({"role": "user", "content": texts::prose(&mut rng, half)}));
+                }
+                turns.push_back(line(conv, turn, body(opts, Value::Array(messages.clone()))));
+            }
+            turns
+        })
+        .collect();
+    interleave(&mut rng, conversations)
 }
 
 #[cfg(test)]
@@ -389,5 +454,64 @@ mod tests {
         assert!((145_000..160_000).contains(&bytes.len()), "{} bytes", bytes.len());
         let second: Value = serde_json::from_str(text.lines().nth(1).expect("two lines")).expect("json");
         assert_eq!(first["body"], second["body"]);
+    }
+
+    /// Generates `o`'s file and returns its lines.
+    fn generated(o: &WorkloadOptions) -> Vec<Value> {
+        generate(o).expect("generate");
+        let text = fs::read_to_string(&o.out).expect("read");
+        text.lines().map(|l| serde_json::from_str(l).expect("json")).collect()
+    }
+
+    fn qwen() -> mmrouter_tokenize::FastTokenizer {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/models/qwen-tokenizer.json.gz");
+        let gz = fs::read(path).expect("bundled tokenizer");
+        let mut json = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json).expect("gunzip");
+        mmrouter_tokenize::FastTokenizer::from_json(&json).expect("qwen tokenizer")
+    }
+
+    #[test]
+    fn unique_text_has_about_the_asked_tokens_and_never_repeats() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tok = qwen();
+        for target in [500, 2000, 8000] {
+            let mut o = WorkloadOptions::with_out(dir.path().join(format!("u{target}.jsonl")));
+            o.shape = WorkloadShape::UniqueText;
+            o.conversations = 20;
+            o.prompt_tokens = target;
+            let lines = generated(&o);
+            let texts: Vec<&str> =
+                lines.iter().map(|l| l["body"]["messages"][0]["content"].as_str().expect("one user message")).collect();
+            let distinct: HashSet<&str> = texts.iter().copied().collect();
+            assert_eq!(distinct.len(), texts.len(), "every prompt differs");
+            let mean = texts.iter().map(|t| tok.encode(t).len()).sum::<usize>() as f64 / texts.len() as f64;
+            assert!((mean / target as f64 - 1.0).abs() < 0.1, "{target}: mean {mean} tokens");
+        }
+    }
+
+    #[test]
+    fn multi_turn_resends_history_with_one_new_turn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut o = WorkloadOptions::with_out(dir.path().join("m.jsonl"));
+        o.shape = WorkloadShape::MultiTurn;
+        o.conversations = 3;
+        o.turns = 4;
+        let lines = generated(&o);
+        assert_eq!(lines.len(), 12);
+        let tok = qwen();
+        for conv in 0..3 {
+            let turns: Vec<&Value> = lines.iter().filter(|l| l["conversation"] == conv).collect();
+            for (k, pair) in turns.windows(2).enumerate() {
+                assert_eq!(pair[0]["turn"], k, "in order");
+                let (before, after) = (pair[0]["body"]["messages"].as_array(), pair[1]["body"]["messages"].as_array());
+                let (before, after) = (before.expect("messages"), after.expect("messages"));
+                assert_eq!(&after[..before.len()], &before[..], "history resent unchanged");
+                assert_eq!(after.len(), before.len() + 2);
+                let new: usize =
+                    after[before.len()..].iter().map(|m| tok.encode(m["content"].as_str().expect("text")).len()).sum();
+                assert!((170..=230).contains(&new), "one new turn of ~200 tokens: {new}");
+            }
+        }
     }
 }

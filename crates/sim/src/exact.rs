@@ -8,6 +8,10 @@
 //! a client's image `uuid` and names the image by it verbatim; an image without one gets the sim's own
 //! content hash, deliberately not the router's identity (a real vLLM names it by its own `mm_hash`).
 //! With per-request `mm_processor_kwargs` / `media_io_kwargs` the name is hashed with them, as vLLM does.
+//!
+//! Where the engine itself refuses an image (the reference processor raises, or the bytes are not an
+//! image), the sim answers 400 as vLLM does; where only the router's own limits or profiles stop the
+//! exact count, it serves the request and caches the text before the first image.
 
 use std::sync::Arc;
 
@@ -68,8 +72,13 @@ impl Prompter for ExactPrompter {
             .map_err(|e| e.to_string())?;
         let plan = planned.plan;
         if let Route::TextPrefix { reason } = plan.route {
-            // A real engine would reject what we cannot account (or we lack its profile); the sim
-            // serves it on the known prefix so workloads with such images still run.
+            if ENGINE_REJECTS.contains(&reason) {
+                // What the engine's own processor refuses, vLLM answers 400: so does the sim, rather
+                // than serve the text before the image.
+                return Err(format!("the model's processor rejects an image of this request ({reason})"));
+            }
+            // A limit of ours, not the engine's (our own media limits, a model we lack): the engine
+            // would serve it; the sim caches the prompt's text prefix.
             tracing::debug!("sim: image not accountable ({reason}); caching the text prefix only");
         }
         let trace = planned.trace.unwrap_or_default();
@@ -87,6 +96,21 @@ impl Prompter for ExactPrompter {
         })
     }
 }
+
+/// Fallback reasons (`mmrouter_mm_fallback_total{reason}` labels) where the engine itself fails the
+/// request: the reference processor raises (zero side, Qwen's aspect-ratio limit, a side resized to
+/// nothing, Kimi's position-embedding limit, no token budget left), or the image cannot be read at all.
+const ENGINE_REJECTS: &[&str] = &[
+    "zero_size",
+    "aspect_ratio",
+    "too_small",
+    "position_embedding_exceeded",
+    "budget_underflow",
+    "invalid_data_url",
+    "decode_failed",
+    "unsupported_format",
+    "probe_failed",
+];
 
 /// Each image run of the prompt with its engine name: the part's `uuid` verbatim, else the sim's own
 /// hash of the image's bytes. Runs, planned images and request image parts are all in request order;

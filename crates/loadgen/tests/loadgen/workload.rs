@@ -104,13 +104,13 @@ fn conversations_have_the_promised_shape() {
     }
     assert_eq!(first_images.len(), 60);
 
-    // Fallback fraction (aspect ratio beyond 200:1) near the default 0.1 over all first-turn images.
+    // Fallback fraction (photos above a router pixel limit) near the default 0.1 over all first-turn images.
     let all: Vec<&String> = first_images.values().flatten().collect();
     let fallbacks = all
         .iter()
         .filter(|u| {
             let (w, h) = dimensions(u);
-            w.max(h) > 200 * w.min(h)
+            u64::from(w) * u64::from(h) >= mmrouter_loadgen::FALLBACK_MIN_PIXELS
         })
         .count();
     let expected = (0.1 * all.len() as f64).round() as usize;
@@ -151,7 +151,7 @@ fn fallback_fraction_follows_the_option() {
             .iter()
             .filter(|u| {
                 let (w, h) = dimensions(u);
-                w.max(h) > 200 * w.min(h)
+                u64::from(w) * u64::from(h) >= mmrouter_loadgen::FALLBACK_MIN_PIXELS
             })
             .count();
         (fallbacks, urls.len())

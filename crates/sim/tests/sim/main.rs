@@ -502,3 +502,38 @@ async fn shutdown_stops_listening_and_cuts_open_streams() {
     assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"));
     assert!(client().get(format!("{url}/health")).send().await.is_err(), "no longer listening");
 }
+
+/// A GIF data URL whose header claims `width`×`height` (all the exact prompter reads of it).
+fn gif_data_url(width: u16, height: u16) -> String {
+    use base64::Engine as _;
+    let mut gif = b"GIF89a".to_vec();
+    gif.extend_from_slice(&width.to_le_bytes());
+    gif.extend_from_slice(&height.to_le_bytes());
+    gif.extend_from_slice(&[0, 0, 0, 0x3b]);
+    format!("data:image/gif;base64,{}", base64::engine::general_purpose::STANDARD.encode(gif))
+}
+
+fn image_chat(url: &str) -> Vec<u8> {
+    let content = json!([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it?"}]);
+    serde_json::to_vec(&json!({"model": "m", "messages": [{"role": "user", "content": content}]})).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_sim_answers_400_where_the_engine_rejects_an_image() {
+    let sim = sim::spawn_exact(fast()).await.expect("sim starts");
+    // Qwen's processor raises above an aspect ratio of 200, and a header with a zero side is no image
+    // the engine can open: vLLM answers 400.
+    for (w, h, reason) in [(5000, 20, "aspect_ratio"), (20, 5000, "aspect_ratio"), (0, 30, "probe_failed")] {
+        let resp = post(&sim, CHAT, &image_chat(&gif_data_url(w, h))).await;
+        assert_eq!(resp.status(), 400, "{w}x{h}");
+        let v: Value = resp.json().await.expect("json");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(reason), "{w}x{h}: {v}");
+    }
+    assert_eq!(sim.stats().prompt_tokens, 0, "nothing admitted to the cache");
+    // An image the processor accepts is served, its tokens counted.
+    let resp = post(&sim, CHAT, &image_chat(&gif_data_url(640, 480))).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.expect("json");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 256, "{v}");
+}
