@@ -6,6 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Small, short-lived allocations dominate the request path (headers, bodies, JSON); mimalloc's
+/// thread-local free lists serve them for less CPU than glibc's arenas.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "mmrouter", version, about = "KV-cache-aware OpenAI-compatible router for multimodal LLM workers")]
 struct Cli {
