@@ -124,6 +124,26 @@ impl<K: Eq + Hash, H: Clone> Cache<K, H> {
     }
 }
 
+/// Handles keyed by two string label values, found without building owned keys (the request path
+/// records per worker and status on every request).
+struct Cache2<H>(Mutex<HashMap<String, HashMap<String, H>>>);
+
+impl<H: Clone> Cache2<H> {
+    fn new() -> Self {
+        Cache2(Mutex::new(HashMap::new()))
+    }
+
+    fn get(&self, a: &str, b: &str, make: impl FnOnce(&str, &str) -> H) -> H {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = map.get(a).and_then(|inner| inner.get(b)) {
+            return h.clone();
+        }
+        let h = make(a, b);
+        map.entry(a.to_owned()).or_default().insert(b.to_owned(), h.clone());
+        h
+    }
+}
+
 /// One proxy's metrics: its recorder, and the handles the request path records into.
 pub struct Observer {
     recorder: PrometheusRecorder,
@@ -131,10 +151,10 @@ pub struct Observer {
     requests: Cache<(&'static str, u16), Counter>,
     rejected: Cache<u16, Counter>,
     rejected_reasons: Cache<&'static str, Counter>,
-    pool_requests: Cache<String, Counter>,
+    pool_requests: Cache2<Counter>,
     worker_info: Cache<(String, String, &'static str), Gauge>,
     fallback: Cache<&'static str, Counter>,
-    upstream: Cache<(String, String), Counter>,
+    upstream: Cache2<Counter>,
     retries: Cache<&'static str, Counter>,
     ejections: Cache<String, Counter>,
     stream_errors: Cache<(&'static str, &'static str), Counter>,
@@ -182,10 +202,10 @@ impl Observer {
             requests: Cache::new(),
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
-            pool_requests: Cache::new(),
+            pool_requests: Cache2::new(),
             worker_info: Cache::new(),
             fallback: Cache::new(),
-            upstream: Cache::new(),
+            upstream: Cache2::new(),
             retries: Cache::new(),
             ejections: Cache::new(),
             stream_errors: Cache::new(),
@@ -258,15 +278,16 @@ impl Observer {
 
     /// One upstream attempt: an HTTP status code, or a failure label (`connect_error`, `timeout`, …).
     pub fn upstream(&self, worker: &str, status: &str) {
-        let key = (worker.to_owned(), status.to_owned());
-        let c = self.upstream.get(key, |(w, s)| self.counter(UPSTREAM_REQUESTS_TOTAL, &[("worker", w), ("status", s)]));
+        let c = self
+            .upstream
+            .get(worker, status, |w, s| self.counter(UPSTREAM_REQUESTS_TOTAL, &[("worker", w), ("status", s)]));
         c.increment(1);
     }
 
     /// A proxied request ended with `status` under `route`.
     /// A request's `model` picked `pool`.
     pub fn pool_request(&self, pool: &str) {
-        self.pool_requests.get(pool.to_owned(), |p| self.counter(POOL_REQUESTS_TOTAL, &[("pool", p)])).increment(1);
+        self.pool_requests.get(pool, "", |p, _| self.counter(POOL_REQUESTS_TOTAL, &[("pool", p)])).increment(1);
     }
 
     pub fn finished(&self, route: Route, status: u16) {

@@ -282,8 +282,8 @@ fn relay(
     guard: LoadGuard,
 ) -> Response {
     let status = resp.status();
-    let worker = guard.worker().name().to_owned();
-    st.observe.upstream(&worker, status.as_str());
+    let worker = guard.worker().name();
+    st.observe.upstream(worker, status.as_str());
     let mut builder = Response::builder().status(status);
     let sse = resp
         .headers()
@@ -295,7 +295,7 @@ fn relay(
             h.append(name.clone(), value.clone());
         }
         h.insert("x-mmrouter-route", HeaderValue::from_static(plan.route.label()));
-        if let Ok(v) = HeaderValue::from_str(&worker) {
+        if let Ok(v) = HeaderValue::from_str(worker) {
             h.insert("x-mmrouter-worker", v);
         }
     }

@@ -1,11 +1,15 @@
 //! The whole planning path as the proxy runs it, per request: intake (parse + decode + hash + probe)
 //! of a 150 KB data-URL photo, and parse + `Pipeline::plan` (intake → account → gate → plan) for a
 //! text chat and for that image chat. Baseline in the same run: hashing the image's bytes alone.
+//!
+//! The `_unique` variants send new input every iteration (built outside the timed part), as real
+//! traffic does: a user turn the tokenizer's segment cache has never seen and, for the image chat,
+//! image bytes never seen before. The others repeat one request (every cache hits).
 
 use std::hint::black_box;
 
 use base64::Engine;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use mmrouter_core::media::{Intake, MediaConfig};
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::{Pipeline, PipelineConfig};
@@ -60,6 +64,44 @@ fn bench(c: &mut Criterion) {
             let request = Request::parse(Endpoint::Chat, black_box(&image_body)).unwrap();
             black_box(pipeline.plan(&request).await.unwrap())
         })
+    });
+
+    let planner = &pipeline;
+    // A sequence number at the start makes every user turn new; each bench has its own label.
+    let mut n = 0u64;
+    let mut fresh = move |label: &str| {
+        n += 1;
+        format!("{label} request {n}, asked for the first time: {text}")
+    };
+    c.bench_function("pipeline_plan_text_chat_unique", |b| {
+        b.to_async(&rt).iter_batched(
+            || chat(serde_json::json!(fresh("Text"))),
+            |body| async move {
+                let request = Request::parse(Endpoint::Chat, black_box(&body)).unwrap();
+                black_box(planner.plan(&request).await.unwrap())
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let mut photo = photo.clone();
+    let last = photo.len() - 3; // inside the entropy-coded data, before the end-of-image marker
+    c.bench_function("pipeline_plan_150kb_image_chat_unique", |b| {
+        b.to_async(&rt).iter_batched(
+            || {
+                photo[last] = photo[last].wrapping_add(1);
+                let url =
+                    format!("data:image/jpeg;base64,{}", base64::engine::general_purpose::STANDARD.encode(&photo));
+                chat(serde_json::json!([
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": fresh("Image")}
+                ]))
+            },
+            |body| async move {
+                let request = Request::parse(Endpoint::Chat, black_box(&body)).unwrap();
+                black_box(planner.plan(&request).await.unwrap())
+            },
+            BatchSize::SmallInput,
+        )
     });
 }
 

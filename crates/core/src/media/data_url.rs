@@ -157,6 +157,13 @@ pub fn decode_data_url(url: &str, max_bytes: usize) -> Result<Vec<u8>, MediaErro
     if parsed.decoded_len > max_bytes {
         return Err(MediaError::ImageTooLarge { size: parsed.decoded_len as u64, limit: max_bytes });
     }
+    if parsed.clean {
+        // Straight into a buffer of the exact size: no chunk buffer on top of the image.
+        let bytes =
+            SIMD.decode_to_vec(parsed.payload).map_err(|e| MediaError::InvalidDataUrl(format!("bad base64: {e}")))?;
+        debug_assert_eq!(bytes.len(), parsed.decoded_len);
+        return Ok(bytes);
+    }
     let mut bytes = Vec::with_capacity(parsed.decoded_len);
     parsed.decode_chunks(|chunk| {
         bytes.extend_from_slice(chunk);
