@@ -65,10 +65,12 @@ def stage_totals(path):
     return totals
 
 
-def stage_means_us(report_path):
-    """Mean µs per stage over the measured requests (scrapes taken before and after them)."""
-    before = stage_totals(report_path.replace(".json", ".before.prom"))
-    after = stage_totals(report_path.replace(".json", ".after.prom"))
+def stage_means_us(report_paths):
+    """Mean µs per stage over the measured requests (scrapes taken before the first round and after the
+    last: `<name>-<shape>.before.prom` beside the rounds' `<name>-<shape>-<round>.json`)."""
+    prefix = re.sub(r"-\d+\.json$", "", report_paths.split(",")[0])
+    before = stage_totals(prefix + ".before.prom")
+    after = stage_totals(prefix + ".after.prom")
     if before is None or after is None:
         return None
     means = {}
@@ -164,49 +166,59 @@ def in_order(keys):
 def overhead_table(a, out):
     out += [
         "",
-        "## Proxy overhead (mean latency minus direct; one zero-time sim, one non-streaming request at a time)",
+        "## Proxy overhead (latency minus direct; one zero-time sim, one non-streaming request at a time)",
         "",
-        "| shape | path | mean µs | p50 µs | added µs | ratio to sglang-router |",
-        "|---|---|---|---|---|---|",
+        "| shape | path | mean µs | p50 µs | added µs (mean) | ratio to sglang-router | added µs (p50) "
+        "| p50 ratio to sglang-router |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rows = read_tsv(a.overhead, 4)
-    reports = {}  # (title, shape) -> report
-    for title, shape, status, path in rows:
-        r = load(path) if status == "ok" else None
-        if r is not None and r["ok"]:
-            reports[(title, shape)] = r
-    added = {}
-    for (title, shape), r in reports.items():
-        base = reports.get(("direct", shape))
-        if base is not None:
-            added[(title, shape)] = r["latency_ms"]["mean"] - base["latency_ms"]["mean"]
+    rounds = {}  # (title, shape) -> [report per round]
+    for title, shape, status, paths in rows:
+        reps = [load(p) for p in paths.split(",") if p] if status == "ok" else []
+        if reps and all(r is not None and r["ok"] for r in reps):
+            rounds[(title, shape)] = reps
+    median = statistics.median
+    added = {}  # (title, shape, "mean"|"p50") -> median over rounds of (path − direct in that round), ms
+    for (title, shape), reps in rounds.items():
+        base = rounds.get(("direct", shape))
+        if base is not None and len(base) == len(reps):
+            for stat in ("mean", "p50"):
+                added[(title, shape, stat)] = median(
+                    r["latency_ms"][stat] - b["latency_ms"][stat] for r, b in zip(reps, base))
     titles = in_order(r[0] for r in rows)
     unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
     for shape in in_order(r[1] for r in rows if r[1] != "-"):
         for title in titles:
             if title in unavailable:
-                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} | | | |")
+                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} |" + " |" * 5)
                 continue
-            r = reports.get((title, shape))
-            if r is None:
-                out.append(f"| {shape_title(shape)} | {title} | n/a | | | |")
+            reps = rounds.get((title, shape))
+            if reps is None:
+                out.append(f"| {shape_title(shape)} | {title} | n/a |" + " |" * 5)
                 continue
-            err = f" ({r['requests'] - r['ok']} failed)" if r["ok"] != r["requests"] else ""
-            if title == "direct":
-                over, rel = "0 (baseline)", "-"
-            else:
-                d = added.get((title, shape))
-                over = "-" if d is None else f"{1000 * d:+.0f}"
-                peer = added.get((PEER, shape))
-                rel = ratio(d, peer) if d is not None and peer and peer > 0 else "-"
-            out.append(
-                f"| {shape_title(shape)} | {title} | {us(r['latency_ms']['mean'])}{err} "
-                f"| {us(r['latency_ms']['p50'])} | {over} | {rel} |"
-            )
+            failed = sum(r["requests"] - r["ok"] for r in reps)
+            err = f" ({failed} failed)" if failed else ""
+            cells = []
+            for stat in ("mean", "p50"):
+                if title == "direct":
+                    cells += ["0 (baseline)", "-"]
+                    continue
+                d = added.get((title, shape, stat))
+                peer = added.get((PEER, shape, stat))
+                cells += ["-" if d is None else f"{1000 * d:+.0f}",
+                          ratio(d, peer) if d is not None and peer and peer > 0 else "-"]
+            mean_us = us(median(r["latency_ms"]["mean"] for r in reps))
+            p50_us = us(median(r["latency_ms"]["p50"] for r in reps))
+            out.append(f"| {shape_title(shape)} | {title} | {mean_us}{err} | {p50_us} | " + " | ".join(cells) + " |")
     out += [
         "",
-        "added µs = the path's mean latency minus direct's (same sim, same requests, after an unmeasured "
-        "warm-up); ratio to sglang-router = added µs / sglang-router's added µs (below 1 is less overhead).",
+        "Each path has its own sim; the measured requests go in 5 rounds, each round sending the same slice "
+        "through every path in turn (rotated order), after an unmeasured warm-up. mean / p50 µs = median over "
+        "the rounds of each round's mean / median latency; added µs = median over the rounds of (the path's "
+        "figure − direct's in the same round); ratio to sglang-router = added µs / sglang-router's added µs "
+        "(below 1 is less overhead). The p50 columns resist the stalls a shared 2-vCPU machine adds to a few "
+        "requests.",
     ]
     for title in titles:
         if not title.startswith("mmrouter"):
@@ -274,6 +286,8 @@ def throughput_table(a, out):
             )
     out += [
         "",
+        "Every path runs at once with its own sims; run r of each path, in a rotated order, comes before run "
+        "r+1 of any (paths measured seconds apart, not minutes). "
         "req/s = successful requests / wall time of one run (first send to last answer), median over the runs "
         "after an unmeasured warm-up; ratio = median / sglang-router's median; router CPU µs/req = user + "
         "system CPU time of the router process (and its children) over the measured runs / requests sent: "

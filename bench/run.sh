@@ -417,88 +417,134 @@ for run in "${RUNS[@]}"; do
   stop_sims
 done
 
-# Overhead: one zero-time sim, sequential requests, direct vs through each router.
+# The overhead and throughput sections start every path at once (each with its own fresh sims) and
+# take turns: round r sends the same slice of requests through each path in a rotated order. On a
+# shared 2-vCPU machine whose speed drifts by tens of percent within minutes, paths measured minutes
+# apart are not comparable; paths measured seconds apart, round after round, are.
+PATHS=("direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr")
+# start_paths NSIMS SECTION: fills P_TITLE, P_KIND, P_NAME, P_URLS (loadgen --url args), P_ROUTER (pid,
+# empty for direct), P_SIMS (pids), P_METRICS, P_ERR (why the path is unavailable, else empty).
+start_paths() {
+  local nsims=$1 section=$2 run title kind name
+  P_TITLE=() P_KIND=() P_NAME=() P_URLS=() P_ROUTER=() P_SIMS=() P_METRICS=() P_ERR=()
+  for run in "${PATHS[@]}"; do
+    IFS='|' read -r title kind <<<"$run"
+    name="$section-${kind//:/-}"
+    start_sims "$nsims" 0 0 0
+    P_TITLE+=("$title") P_KIND+=("$kind") P_NAME+=("$name") P_SIMS+=("${SIM_PIDS[*]}")
+    if ! start_router "$kind" "$name"; then
+      P_ERR+=("$ROUTER_ERR") P_URLS+=("") P_ROUTER+=("") P_METRICS+=("")
+      unavailable_is_failure "$kind" && fail "$section $name" "$ROUTER_ERR"
+      stop_sims
+      continue
+    fi
+    P_ERR+=("") P_ROUTER+=("$ROUTER_PID") P_METRICS+=("$ROUTER_METRICS")
+    if [[ $kind == direct ]]; then P_URLS+=("$(printf -- '--url %s ' "${SIM_URLS[@]}")"); else P_URLS+=("--url $ROUTER_URL"); fi
+  done
+}
+stop_paths() {
+  local p pids=()
+  for p in "${P_ROUTER[@]}" ${P_SIMS[*]}; do [[ -n $p ]] && pids+=("$p"); done
+  ((${#pids[@]} == 0)) || stop_pids "${pids[@]}"
+  SIM_PIDS=()
+}
+# live_paths ROUND: indices of the started paths, rotated by ROUND (each path leads in turn).
+live_paths() {
+  local n=${#P_TITLE[@]} k i
+  for k in $(seq 0 $((n - 1))); do
+    i=$(((k + $1) % n))
+    [[ -n ${P_ERR[$i]} ]] || echo "$i"
+  done
+}
+unavailable_rows() { # FILE: one row per path that did not start
+  local i
+  for i in "${!P_TITLE[@]}"; do
+    [[ -z ${P_ERR[$i]} ]] || printf '%s\t%s\tn/a (%s)\t\t\n' "${P_TITLE[$i]}" "-" "${P_ERR[$i]}" >>"$1"
+  done
+}
+
+# Overhead: one zero-time sim per path, sequential requests, in OVER_ROUNDS interleaved slices.
 OVER="$WORK/overhead.tsv"
 : >"$OVER"
-section_on overhead && log "overhead: sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), zero-time sim"
-for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
-  section_on overhead || break
-  IFS='|' read -r title kind <<<"$run"
-  name="overhead-${kind//:/-}"
-  start_sims 1 0 0 0
-  if ! start_router "$kind" "$name"; then
-    printf '%s\t%s\tn/a (%s)\t\n' "$title" "-" "$ROUTER_ERR" >>"$OVER"
-    unavailable_is_failure "$kind" && fail "overhead $name" "$ROUTER_ERR"
-    stop_sims
-    continue
-  fi
-  url=${ROUTER_URL:-${SIM_URLS[0]}}
+OVER_ROUNDS=5
+if section_on overhead; then
+  log "overhead: sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), $OVER_ROUNDS interleaved rounds"
+  start_paths 1 overhead
+  unavailable_rows "$OVER"
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ over_n _ <<<"$sh"
-    # Warm-up (connections, caches), not measured.
-    "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
-      --max-requests "$OVERHEAD_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
-    # mmrouter's own stage histograms around the measured requests (report.py takes the difference).
-    if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.before.prom" || true; fi
-    status=ok
-    "$LOADGEN" loadgen --url "$url" --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
-      --skip "$(first_line "$shape" "$OVERHEAD_WARMUP")" \
-      --max-requests "$over_n" --timeout-secs 30 --label "$name-$shape" \
-      --json-out "$WORK/$name-$shape.json" >&2 || { status="n/a (loadgen failed)"; fail "overhead $name-$shape" "loadgen failed"; }
-    if [[ $kind == mmrouter:* ]]; then curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name-$shape.after.prom" || true; fi
-    printf '%s\t%s\t%s\t%s\n' "$title" "$shape" "$status" "$WORK/$name-$shape.json" >>"$OVER"
+    slice=$((over_n / OVER_ROUNDS))
+    declare -A files=()
+    for i in $(live_paths 0); do
+      # Warm-up (connections, caches), not measured.
+      # shellcheck disable=SC2086
+      "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency 1 \
+        --max-requests "$OVERHEAD_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
+      # mmrouter's own stage histograms around the measured requests (report.py takes the difference).
+      [[ ${P_KIND[$i]} == mmrouter:* ]] && { curl -sf --max-time 5 "${P_METRICS[$i]}" >"$WORK/${P_NAME[$i]}-$shape.before.prom" || true; }
+    done
+    for round in $(seq 1 "$OVER_ROUNDS"); do
+      skip=$(first_line "$shape" $((OVERHEAD_WARMUP + (round - 1) * slice)))
+      for i in $(live_paths "$round"); do
+        out="$WORK/${P_NAME[$i]}-$shape-$round.json"
+        # shellcheck disable=SC2086
+        "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency 1 --skip "$skip" \
+          --max-requests "$slice" --timeout-secs 30 --label "${P_NAME[$i]}-$shape-$round" --json-out "$out" \
+          >/dev/null 2>&1 || fail "overhead ${P_NAME[$i]}-$shape-$round" "loadgen failed"
+        files[$i]+="${files[$i]:+,}$out"
+      done
+    done
+    for i in $(live_paths 0); do
+      [[ ${P_KIND[$i]} == mmrouter:* ]] && { curl -sf --max-time 5 "${P_METRICS[$i]}" >"$WORK/${P_NAME[$i]}-$shape.after.prom" || true; }
+      printf '%s\t%s\tok\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" >>"$OVER"
+    done
+    unset files
   done
-  stop_router
-  stop_sims
-done
+  stop_paths
+fi
 
-# Throughput: two zero-time sims, closed loop; direct spreads round-robin over both sims itself.
+# Throughput: two zero-time sims per path, closed loop; direct spreads round-robin over both sims
+# itself. Run r of every path, in a rotated order, before run r+1 of any.
 THRU="$WORK/throughput.tsv"
 : >"$THRU"
-section_on throughput &&
-  log "throughput: $THRU_REPS runs per shape, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims"
-for run in "direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr"; do
-  section_on throughput || break
-  IFS='|' read -r title kind <<<"$run"
-  name="throughput-${kind//:/-}"
-  start_sims "$THRU_SIMS" 0 0 0
-  if ! start_router "$kind" "$name"; then
-    printf '%s\t%s\tn/a (%s)\t\t\n' "$title" "-" "$ROUTER_ERR" >>"$THRU"
-    unavailable_is_failure "$kind" && fail "throughput $name" "$ROUTER_ERR"
-    stop_sims
-    continue
-  fi
-  urls=()
-  if [[ $kind == direct ]]; then
-    for u in "${SIM_URLS[@]}"; do urls+=(--url "$u"); done
-  else
-    urls=(--url "$ROUTER_URL")
-  fi
+if section_on throughput; then
+  log "throughput: $THRU_REPS interleaved runs per shape, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims per path"
+  start_paths "$THRU_SIMS" throughput
+  unavailable_rows "$THRU"
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ _ n <<<"$sh"
-    "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
-      --max-requests "$THRU_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
-    reps=()
-    ticks0=$([[ -n $ROUTER_PID ]] && cpu_ticks "$ROUTER_PID" || echo 0)
-    for rep in $(seq 1 "$THRU_REPS"); do
-      "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
-        --skip "$(first_line "$shape" $((THRU_WARMUP + (rep - 1) * n)))" --max-requests "$n" --timeout-secs 30 \
-        --label "$name-$shape-$rep" --json-out "$WORK/$name-$shape-$rep.json" >/dev/null 2>&1 ||
-        fail "throughput $name-$shape-$rep" "loadgen failed"
-      reps+=("$WORK/$name-$shape-$rep.json")
+    declare -A files=() ticks=()
+    for i in $(live_paths 0); do
+      # shellcheck disable=SC2086
+      "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
+        --max-requests "$THRU_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
+      ticks[$i]=0
     done
-    # The router process's CPU time per request sent (its own cost, whatever the cores' sharing).
-    cpu=
-    if [[ -n $ROUTER_PID ]]; then
-      ticks1=$(cpu_ticks "$ROUTER_PID")
-      cpu=$(awk -v d="$((ticks1 - ticks0))" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
+    for rep in $(seq 1 "$THRU_REPS"); do
+      skip=$(first_line "$shape" $((THRU_WARMUP + (rep - 1) * n)))
+      for i in $(live_paths "$rep"); do
+        out="$WORK/${P_NAME[$i]}-$shape-$rep.json"
+        t0=$([[ -n ${P_ROUTER[$i]} ]] && cpu_ticks "${P_ROUTER[$i]}" || echo 0)
+        # shellcheck disable=SC2086
+        "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
+          --skip "$skip" --max-requests "$n" --timeout-secs 30 --label "${P_NAME[$i]}-$shape-$rep" \
+          --json-out "$out" >/dev/null 2>&1 || fail "throughput ${P_NAME[$i]}-$shape-$rep" "loadgen failed"
+        t1=$([[ -n ${P_ROUTER[$i]} ]] && cpu_ticks "${P_ROUTER[$i]}" || echo 0)
+        ticks[$i]=$((ticks[$i] + t1 - t0))
+        files[$i]+="${files[$i]:+,}$out"
+      done
+    done
+    for i in $(live_paths 0); do
+      # The router process's CPU time per request sent (its own cost, whatever the cores' sharing).
+      cpu=
+      [[ -n ${P_ROUTER[$i]} ]] && cpu=$(awk -v d="${ticks[$i]}" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
         'BEGIN { printf "%.0f", 1e6 * d / hz / n }')
-    fi
-    printf '%s\t%s\tok\t%s\t%s\n' "$title" "$shape" "$(IFS=,; echo "${reps[*]}")" "$cpu" >>"$THRU"
+      printf '%s\t%s\tok\t%s\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" "$cpu" >>"$THRU"
+    done
+    unset files ticks
   done
-  stop_router
-  stop_sims
-done
+  stop_paths
+fi
 
 mkdir -p "$BENCH/results"
 ELAPSED=$(($(date +%s) - ${BENCH_START:-$(date +%s)}))
