@@ -25,7 +25,8 @@
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
-#   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000).
+#   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
+#   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput).
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
@@ -273,7 +274,9 @@ start_router() {
       IFS=: read -r _ policy exact _ <<<"$kind"
       cfg="$WORK/$name.toml"
       write_config "$cfg" "$port" "$policy" "$exact"
-      "$MMR" serve --config "$cfg" >"$WORK/$name.log" 2>&1 &
+      local bin=$MMR
+      [[ $kind == *:base ]] && bin=$MMROUTER_BASELINE_BIN
+      "$bin" serve --config "$cfg" >"$WORK/$name.log" 2>&1 &
       ROUTER_METRICS="http://127.0.0.1:$port/metrics"
       ;;
     sgl | vllmr)
@@ -422,6 +425,8 @@ done
 # shared 2-vCPU machine whose speed drifts by tens of percent within minutes, paths measured minutes
 # apart are not comparable; paths measured seconds apart, round after round, are.
 PATHS=("direct|direct" "mmrouter kv exact|mmrouter:kv:true" "sglang-router|sgl" "vllm-router|vllmr")
+# A second mmrouter build side by side (before/after a change): MMROUTER_BASELINE_BIN=path/to/old/mmrouter.
+[[ -z ${MMROUTER_BASELINE_BIN:-} ]] || PATHS+=("mmrouter kv exact, baseline binary|mmrouter:kv:true:base")
 # start_paths NSIMS SECTION: fills P_TITLE, P_KIND, P_NAME, P_URLS (loadgen --url args), P_ROUTER (pid,
 # empty for direct), P_SIMS (pids), P_METRICS, P_ERR (why the path is unavailable, else empty).
 start_paths() {
