@@ -163,6 +163,20 @@ def in_order(keys):
     return seen
 
 
+def shape_rows(rows, data, out):
+    """(shape, title, data[(title, shape)]) in run order; a path that did not start, or has no data for
+    a shape, gets a placeholder row in `out` instead."""
+    titles = in_order(r[0] for r in rows)
+    unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
+    for shape in in_order(r[1] for r in rows if r[1] != "-"):
+        for title in titles:
+            value = data.get((title, shape))
+            if title in unavailable or value is None:
+                out.append(f"| {shape_title(shape)} | {title} | {unavailable.get(title, 'n/a')} |" + " |" * 5)
+                continue
+            yield shape, title, value
+
+
 def overhead_table(a, out):
     out += [
         "",
@@ -186,31 +200,21 @@ def overhead_table(a, out):
             for stat in ("mean", "p50"):
                 added[(title, shape, stat)] = median(
                     r["latency_ms"][stat] - b["latency_ms"][stat] for r, b in zip(reps, base))
-    titles = in_order(r[0] for r in rows)
-    unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
-    for shape in in_order(r[1] for r in rows if r[1] != "-"):
-        for title in titles:
-            if title in unavailable:
-                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} |" + " |" * 5)
+    for shape, title, reps in shape_rows(rows, rounds, out):
+        failed = sum(r["requests"] - r["ok"] for r in reps)
+        err = f" ({failed} failed)" if failed else ""
+        cells = []
+        for stat in ("mean", "p50"):
+            if title == "direct":
+                cells += ["0 (baseline)", "-"]
                 continue
-            reps = rounds.get((title, shape))
-            if reps is None:
-                out.append(f"| {shape_title(shape)} | {title} | n/a |" + " |" * 5)
-                continue
-            failed = sum(r["requests"] - r["ok"] for r in reps)
-            err = f" ({failed} failed)" if failed else ""
-            cells = []
-            for stat in ("mean", "p50"):
-                if title == "direct":
-                    cells += ["0 (baseline)", "-"]
-                    continue
-                d = added.get((title, shape, stat))
-                peer = added.get((PEER, shape, stat))
-                cells += ["-" if d is None else f"{1000 * d:+.0f}",
-                          ratio(d, peer) if d is not None and peer and peer > 0 else "-"]
-            mean_us = us(median(r["latency_ms"]["mean"] for r in reps))
-            p50_us = us(median(r["latency_ms"]["p50"] for r in reps))
-            out.append(f"| {shape_title(shape)} | {title} | {mean_us}{err} | {p50_us} | " + " | ".join(cells) + " |")
+            d = added.get((title, shape, stat))
+            peer = added.get((PEER, shape, stat))
+            cells += ["-" if d is None else f"{1000 * d:+.0f}",
+                      ratio(d, peer) if d is not None and peer and peer > 0 else "-"]
+        mean_us = us(median(r["latency_ms"]["mean"] for r in reps))
+        p50_us = us(median(r["latency_ms"]["p50"] for r in reps))
+        out.append(f"| {shape_title(shape)} | {title} | {mean_us}{err} | {p50_us} | " + " | ".join(cells) + " |")
     out += [
         "",
         "Each path has its own sim; the measured requests go in 5 rounds, each round sending the same slice "
@@ -220,7 +224,7 @@ def overhead_table(a, out):
         "(below 1 is less overhead). The p50 columns resist the stalls a shared 2-vCPU machine adds to a few "
         "requests.",
     ]
-    for title in titles:
+    for title in in_order(r[0] for r in rows):
         if not title.startswith("mmrouter"):
             continue
         parts = []
@@ -265,25 +269,15 @@ def throughput_table(a, out):
         errors = sum(r["requests"] - r["ok"] for r in reps)
         cpu_us = float(cpu) if cpu else None
         stats[(title, shape)] = (statistics.median(rps), min(rps), max(rps), errors, len(reps), cpu_us)
-    titles = in_order(r[0] for r in rows)
-    unavailable = {r[0]: r[2] for r in rows if r[1] == "-"}
-    for shape in in_order(r[1] for r in rows if r[1] != "-"):
+    for shape, title, s in shape_rows(rows, stats, out):
         peer = stats.get((PEER, shape))
-        for title in titles:
-            if title in unavailable:
-                out.append(f"| {shape_title(shape)} | {title} | {unavailable[title]} |" + " |" * 5)
-                continue
-            s = stats.get((title, shape))
-            if s is None:
-                out.append(f"| {shape_title(shape)} | {title} | n/a |" + " |" * 5)
-                continue
-            med, lo, hi, errors, runs, cpu = s
-            cpu_cell = "-" if cpu is None else f"{cpu:.0f}"
-            cpu_rel = ratio(cpu, peer[5] if peer else None) if cpu is not None else "-"
-            out.append(
-                f"| {shape_title(shape)} | {title} | {med:.0f} | {lo:.0f}–{hi:.0f} ({runs} runs) "
-                f"| {ratio(med, peer[0] if peer else None)} | {cpu_cell} | {cpu_rel} | {errors or '-'} |"
-            )
+        med, lo, hi, errors, runs, cpu = s
+        cpu_cell = "-" if cpu is None else f"{cpu:.0f}"
+        cpu_rel = ratio(cpu, peer[5] if peer else None) if cpu is not None else "-"
+        out.append(
+            f"| {shape_title(shape)} | {title} | {med:.0f} | {lo:.0f}–{hi:.0f} ({runs} runs) "
+            f"| {ratio(med, peer[0] if peer else None)} | {cpu_cell} | {cpu_rel} | {errors or '-'} |"
+        )
     out += [
         "",
         "Every path runs at once with its own sims; run r of each path, in a rotated order, comes before run "
