@@ -124,6 +124,20 @@ impl<K: Eq + Hash, H: Clone> Cache<K, H> {
     }
 }
 
+impl<H: Clone> Cache<String, H> {
+    /// Like [`Cache::get`], found by `&str`: no owned key is built unless the handle is new (the request
+    /// path records per pool on every request).
+    fn get_str(&self, key: &str, make: impl FnOnce(&str) -> H) -> H {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = map.get(key) {
+            return h.clone();
+        }
+        let h = make(key);
+        map.insert(key.to_owned(), h.clone());
+        h
+    }
+}
+
 /// Handles keyed by two string label values, found without building owned keys (the request path
 /// records per worker and status on every request).
 struct Cache2<H>(Mutex<HashMap<String, HashMap<String, H>>>);
@@ -151,7 +165,7 @@ pub struct Observer {
     requests: Cache<(&'static str, u16), Counter>,
     rejected: Cache<u16, Counter>,
     rejected_reasons: Cache<&'static str, Counter>,
-    pool_requests: Cache2<Counter>,
+    pool_requests: Cache<String, Counter>,
     worker_info: Cache<(String, String, &'static str), Gauge>,
     fallback: Cache<&'static str, Counter>,
     upstream: Cache2<Counter>,
@@ -202,7 +216,7 @@ impl Observer {
             requests: Cache::new(),
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
-            pool_requests: Cache2::new(),
+            pool_requests: Cache::new(),
             worker_info: Cache::new(),
             fallback: Cache::new(),
             upstream: Cache2::new(),
@@ -287,7 +301,7 @@ impl Observer {
     /// A proxied request ended with `status` under `route`.
     /// A request's `model` picked `pool`.
     pub fn pool_request(&self, pool: &str) {
-        self.pool_requests.get(pool, "", |p, _| self.counter(POOL_REQUESTS_TOTAL, &[("pool", p)])).increment(1);
+        self.pool_requests.get_str(pool, |p| self.counter(POOL_REQUESTS_TOTAL, &[("pool", p)])).increment(1);
     }
 
     pub fn finished(&self, route: Route, status: u16) {
