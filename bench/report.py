@@ -304,8 +304,9 @@ def main():
     out = ["# mmrouter routing benchmark", "", a.params, ""]
     if read_tsv(a.rows, 7):
         main_table(a, out)
-    overhead_table(a, out)
-    if a.throughput:
+    if read_tsv(a.overhead, 4):
+        overhead_table(a, out)
+    if a.throughput and read_tsv(a.throughput, 5):
         throughput_table(a, out)
     print("\n".join(out))
 

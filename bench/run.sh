@@ -475,7 +475,6 @@ OVER_ROUNDS=5
 if section_on overhead; then
   log "overhead: sequential requests per shape (after $OVERHEAD_WARMUP unmeasured), $OVER_ROUNDS interleaved rounds"
   start_paths 1 overhead
-  unavailable_rows "$OVER"
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ over_n _ <<<"$sh"
     slice=$((over_n / OVER_ROUNDS))
@@ -505,6 +504,7 @@ if section_on overhead; then
     done
     unset files
   done
+  unavailable_rows "$OVER"
   stop_paths
 fi
 
@@ -515,7 +515,6 @@ THRU="$WORK/throughput.tsv"
 if section_on throughput; then
   log "throughput: $THRU_REPS interleaved runs per shape, concurrency $THRU_CONCURRENCY, $THRU_SIMS zero-time sims per path"
   start_paths "$THRU_SIMS" throughput
-  unavailable_rows "$THRU"
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ _ n <<<"$sh"
     declare -A files=() ticks=()
@@ -548,6 +547,7 @@ if section_on throughput; then
     done
     unset files ticks
   done
+  unavailable_rows "$THRU"
   stop_paths
 fi
 
