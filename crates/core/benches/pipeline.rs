@@ -84,11 +84,15 @@ fn bench(c: &mut Criterion) {
         )
     });
     let mut photo = photo.clone();
-    let last = photo.len() - 3; // inside the entropy-coded data, before the end-of-image marker
+    // A counter written into the entropy-coded data, before the end-of-image marker: new bytes (a new
+    // identity) every iteration, the same header.
+    let at = photo.len() - 10;
+    let mut images = 0u64;
     c.bench_function("pipeline_plan_150kb_image_chat_unique", |b| {
         b.to_async(&rt).iter_batched(
             || {
-                photo[last] = photo[last].wrapping_add(1);
+                images += 1;
+                photo[at..at + 8].copy_from_slice(&images.to_le_bytes());
                 let url =
                     format!("data:image/jpeg;base64,{}", base64::engine::general_purpose::STANDARD.encode(&photo));
                 chat(serde_json::json!([

@@ -14,9 +14,10 @@
 //! * round(`--fallback-fraction` × all images) of the images, at random, are photos of 24–34 MP
 //!   ([`FALLBACK_MIN_PIXELS`] and up): a worker serves them, and a router whose `media.max_pixels` is
 //!   below that (`bench/run.sh` sets 16 MP) does not account them, so its text-prefix fallback runs on
-//!   requests a real worker answers (an image the engine itself refuses would only measure a 400). Each other image is, with probability `--shared-image-fraction`, one of a shared pool
-//!   (every real photo from `--images-dir` plus `--shared-pool` synthetic camera images) reused
-//!   across conversations; otherwise a synthetic image unique to this conversation.
+//!   requests a real worker answers (an image the engine itself refuses would only measure a 400).
+//!   Each other image is, with probability `--shared-image-fraction`, one of a shared pool (every
+//!   real photo from `--images-dir` plus `--shared-pool` synthetic camera images) reused across
+//!   conversations; otherwise a synthetic image unique to this conversation.
 //! * Synthetic images are small valid PNGs with realistic camera geometries (4032×3024, 1920×1080,
 //!   …): only their header and bytes matter to the router and the simulator.
 //! * With probability `--same-text-fraction` a conversation's first question is one of a few common
@@ -445,15 +446,13 @@ mod tests {
         let mut o = WorkloadOptions::with_out(dir.path().join("w.jsonl"));
         o.shape = WorkloadShape::SingleImage;
         o.conversations = 2;
-        assert_eq!(generate(&o).expect("generate"), 2);
-        let text = fs::read_to_string(&o.out).expect("read");
-        let first: Value = serde_json::from_str(text.lines().next().expect("a line")).expect("json");
-        let url = first["body"]["messages"][1]["content"][0]["image_url"]["url"].as_str().expect("url");
+        let lines = generated(&o);
+        assert_eq!(lines.len(), 2);
+        let url = lines[0]["body"]["messages"][1]["content"][0]["image_url"]["url"].as_str().expect("url");
         let b64 = url.strip_prefix("data:image/png;base64,").expect("png data url");
         let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
         assert!((145_000..160_000).contains(&bytes.len()), "{} bytes", bytes.len());
-        let second: Value = serde_json::from_str(text.lines().nth(1).expect("two lines")).expect("json");
-        assert_eq!(first["body"], second["body"]);
+        assert_eq!(lines[0]["body"], lines[1]["body"]);
     }
 
     /// Generates `o`'s file and returns its lines.
