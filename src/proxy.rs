@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,7 @@ use crate::error::ApiError;
 use crate::observe::stage;
 use crate::retry::RetryReason;
 use crate::state::{AppState, Pool};
-use crate::upstream::{end_to_end, EndReport, Outcome, Relay, RelayLimits, UpstreamError};
+use crate::upstream::{end_to_end, EndReport, Outcome, Relay, RelayLimits, UpstreamError, UpstreamResponse};
 
 /// `POST /v1/chat/completions` and `/v1/completions`.
 pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
@@ -161,7 +161,7 @@ async fn attempt(
     body: Bytes,
     guard: LoadGuard,
     probe: bool,
-) -> Result<(reqwest::Response, LoadGuard), Failed> {
+) -> Result<(UpstreamResponse, LoadGuard), Failed> {
     let worker = router.worker(w);
     let sent_at = Instant::now();
     match st.upstream.send(worker.url(), out.method.clone(), out.path, out.headers, body).await {
@@ -212,7 +212,7 @@ struct Failed {
 
 enum Answer {
     /// The worker's own answer (a 5xx or 429), relayed as it is if no retry follows.
-    Worker(reqwest::Response, LoadGuard),
+    Worker(UpstreamResponse, LoadGuard),
     /// No answer (connect error, timeout, transport error): the client gets our error.
     Ours(ApiError),
 }
@@ -277,7 +277,7 @@ fn relay(
     st: &Arc<AppState>,
     pool: &Arc<Pool>,
     plan: &RoutePlan,
-    resp: reqwest::Response,
+    resp: UpstreamResponse,
     w: usize,
     guard: LoadGuard,
 ) -> Response {
@@ -322,8 +322,8 @@ fn relay(
         deadline: tokio::time::Instant::now() + st.upstream.total_timeout(),
         idle: st.upstream.idle_timeout(),
     };
-    let length = resp.content_length();
-    let body = Relay::new(resp.bytes_stream(), limits, guard, sse, length, on_end);
+    let length = resp.body().size_hint().exact();
+    let body = Relay::new(resp.into_body().into_data_stream(), limits, guard, sse, length, on_end);
     builder.body(Body::from_stream(body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
