@@ -9,43 +9,52 @@
 //! abandoned: request id, method, path, status, route and worker (from the proxy's `x-mmrouter-*`
 //! response headers, when it chose one), time to the response head and in total.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::bodies::Guarded;
 use crate::front::Front;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next: Next) -> Response {
-    let id = client_id(req.headers()).unwrap_or_else(new_id);
-    req.headers_mut().insert(REQUEST_ID, id.clone());
-    let line = front.conn.access_log.then(|| Line {
-        start: Instant::now(),
-        method: req.method().clone(),
-        path: req.uri().path().to_owned(),
-        id: id.clone(),
-        status: 0,
-        route: None,
-        worker: None,
-        head_ms: 0.0,
-    });
-    let mut resp = next.run(req).await;
-    resp.headers_mut().insert(REQUEST_ID, id);
-    match line {
-        Some(mut line) => {
-            line.status = resp.status().as_u16();
-            line.route = header(resp.headers(), "x-mmrouter-route");
-            line.worker = header(resp.headers(), "x-mmrouter-worker");
-            line.head_ms = ms(line.start);
-            Guarded::wrap(resp, line)
-        }
-        None => resp,
+/// A request's id and, when the access log is on, its log line in the making.
+pub struct Access {
+    id: HeaderValue,
+    line: Option<Line>,
+}
+
+impl Access {
+    /// Tags `req` with its id (so the worker gets it) and starts its log line.
+    pub fn begin(front: &Front, req: &mut Request) -> Access {
+        let id = client_id(req.headers()).unwrap_or_else(new_id);
+        req.headers_mut().insert(REQUEST_ID, id.clone());
+        // Nothing to collect when the log filter drops the line anyway.
+        let on = front.conn.access_log && tracing::enabled!(target: "mmrouter::access", tracing::Level::INFO);
+        let line = on.then(|| Line {
+            start: Instant::now(),
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            id: id.clone(),
+            status: 0,
+            route: None,
+            worker: None,
+            head_ms: 0.0,
+        });
+        Access { id, line }
+    }
+
+    /// Returns the id on `resp`; the log line, filled in, is written when it is dropped with the
+    /// response body.
+    pub fn finish(self, resp: &mut Response) -> Option<impl Send + Unpin + 'static> {
+        resp.headers_mut().insert(REQUEST_ID, self.id);
+        let mut line = self.line?;
+        line.status = resp.status().as_u16();
+        line.route = header(resp.headers(), "x-mmrouter-route");
+        line.worker = header(resp.headers(), "x-mmrouter-worker");
+        line.head_ms = ms(line.start);
+        Some(line)
     }
 }
 

@@ -6,46 +6,40 @@
 //! within `server.body_read_timeout_ms`, so a client trickling its body is cut with a 408 and the
 //! connection closed rather than holding a slot; the handlers then read a body already in memory.
 
-use std::sync::Arc;
-
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header::{CONNECTION, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::bodies::{read_within, Guarded, ReadError};
+use crate::bodies::{read_within, ReadError};
 use crate::error::ApiError;
 use crate::front::{is_operational, Front};
 
-pub async fn middleware(State(front): State<Arc<Front>>, req: Request, next: Next) -> Response {
+/// Takes the request's place among those in flight (or sheds it) and reads its body.
+pub async fn admit(front: &Front, req: Request) -> Result<(Request, Option<Slot>), Response> {
     let slot = if is_operational(req.uri().path()) {
         None
     } else {
-        match admit(&front) {
+        match take_slot(front) {
             Some(slot) => Some(slot),
-            None => return shed(&front),
+            None => return Err(shed(front)),
         }
     };
-    let req = match read_body(&front, req).await {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    let mut resp = next.run(req).await;
+    Ok((read_body(front, req).await?, slot))
+}
+
+/// While draining, asks the client to close the connection after this response.
+pub fn mark_draining(front: &Front, resp: &mut Response) {
     if front.is_draining() {
         // HTTP/1: the client reconnects (elsewhere) for its next request.
         resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    match slot {
-        Some(slot) => Guarded::wrap(resp, slot),
-        None => resp,
-    }
 }
 
 /// A request's place among those in flight: counted in the gauge, and a permit when capped.
-struct Slot {
+pub struct Slot {
     _permit: Option<OwnedSemaphorePermit>,
     gauge: metrics::Gauge,
 }
@@ -56,7 +50,7 @@ impl Drop for Slot {
     }
 }
 
-fn admit(front: &Front) -> Option<Slot> {
+fn take_slot(front: &Front) -> Option<Slot> {
     let permit = match &front.inflight {
         Some(sem) => Some(sem.clone().try_acquire_owned().ok()?),
         None => None,

@@ -11,12 +11,9 @@
 //! (`auth.upstream_authorization`): the forward path sends the request's headers as they are after
 //! this layer.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::config::{AuthSettings, UpstreamAuth};
@@ -91,7 +88,9 @@ impl Auth {
 #[derive(Clone, Copy, Debug)]
 pub struct AdminAuthorized;
 
-pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next: Next) -> Response {
+/// Checks the request's key where one is required, and rewrites the worker-bound `Authorization`
+/// of `/v1/*` calls. Returns the 401 of a refused request.
+pub fn refusal(front: &Front, req: &mut Request) -> Option<Response> {
     let v1 = req.uri().path().starts_with("/v1/");
     if let Some((scope, keys)) = front.auth.required(req.uri().path()) {
         if scope == Scope::Admin {
@@ -102,13 +101,13 @@ pub async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next:
             front.state.observe.rejected(401, "invalid_api_key");
             let mut resp = e.into_response();
             resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return resp;
+            return Some(resp);
         }
     }
     if v1 {
         front.auth.rewrite_upstream(req.headers_mut());
     }
-    next.run(req).await
+    None
 }
 
 fn check(keys: &[Vec<u8>], headers: &HeaderMap) -> Result<(), ApiError> {

@@ -12,7 +12,6 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use axum::Extension;
 use mmrouter_core::request::Endpoint;
 
 use crate::config::Settings;
@@ -35,7 +34,7 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
 
 /// [`app`] behind the front door of `front`.
 pub fn front_app(front: &Arc<Front>) -> axum::Router {
-    front::layer(app(front.state.clone()), front).layer(Extension(front.clone()))
+    front::layer(app(front.state.clone()), front)
 }
 
 /// Starts health checks and serves until `shutdown` resolves.
