@@ -4,11 +4,10 @@
 //! access (request id, log line) ─► auth (client / admin keys) ─► admission (in-flight cap, body deadline) ─► route
 //! ```
 //!
-//! and the [`Front`] they share with the connection layer ([`crate::conn`]) and `/health` (drain).
+//! and the [`Front`] they share with the connection layer ([`crate::conn`]).
 //! The three stages run in one layer: one boxed future and one wrapped response body per request
 //! instead of one per stage (issue 14).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -30,7 +29,6 @@ pub struct Front {
     pub auth: Auth,
     /// `None`: no cap on requests in flight.
     pub inflight: Option<Arc<Semaphore>>,
-    draining: AtomicBool,
 }
 
 impl Front {
@@ -40,17 +38,16 @@ impl Front {
             inflight: conn.max_inflight_requests.map(|n| Arc::new(Semaphore::new(n))),
             conn,
             auth: Auth::new(auth),
-            draining: AtomicBool::new(false),
         })
     }
 
-    /// Set once shutdown starts: `/health` answers 503 `draining`, responses ask to close the connection.
+    /// See [`AppState::start_draining`].
     pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::Relaxed);
+        self.state.start_draining();
     }
 
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.state.is_draining()
     }
 }
 
@@ -62,11 +59,7 @@ pub fn layer(router: axum::Router, front: &Arc<Front>) -> axum::Router {
 async fn middleware(State(front): State<Arc<Front>>, mut req: Request, next: Next) -> Response {
     let access = Access::begin(&front, &mut req);
     let (mut resp, slot) = match admitted(&front, req).await {
-        Ok((mut req, slot)) => {
-            if req.uri().path() == "/health" {
-                // It reports draining.
-                req.extensions_mut().insert(front.clone());
-            }
+        Ok((req, slot)) => {
             let mut resp = next.run(req).await;
             mark_draining(&front, &mut resp);
             (resp, slot)

@@ -126,8 +126,8 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 
 /// 200 `ok` while a worker is healthy; 503 `unavailable` without one, and 503 `draining` once shutdown
 /// has started (so a load balancer stops sending first).
-async fn health_page(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    let draining = req.extensions().get::<Arc<Front>>().is_some_and(|f| f.is_draining());
+async fn health_page(State(st): State<Arc<AppState>>) -> Response {
+    let draining = st.is_draining();
     let workers: Vec<_> = st.pools().iter().flat_map(|p| p.router.workers()).filter(|w| !w.is_removed()).collect();
     let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
     let label = match (draining, healthy.is_empty()) {

@@ -1,6 +1,7 @@
 //! The state every request shares: the pool (workers, index, policy), the pipeline, the upstream
 //! client and the observer. Built once from [`Settings`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use mmrouter_core::pipeline::Pipeline;
@@ -30,6 +31,8 @@ pub struct AppState {
     pub running: std::sync::Mutex<Settings>,
     /// The file it was read from, when there is one (`POST /admin/reload`).
     pub config_path: OnceLock<std::path::PathBuf>,
+    /// Set once shutdown starts (see [`AppState::start_draining`]).
+    draining: AtomicBool,
 }
 
 /// One model and its workers: its own pipeline, index and load state.
@@ -57,6 +60,15 @@ impl Pool {
 }
 
 impl AppState {
+    /// Set once shutdown starts: `/health` answers 503 `draining`, responses ask to close the connection.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
     pub fn new(cfg: &Settings) -> anyhow::Result<Arc<AppState>> {
         Self::with_pipeline(cfg, Pipeline::new(&cfg.pools[0].pipeline)?)
     }
@@ -77,6 +89,7 @@ impl AppState {
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             running: std::sync::Mutex::new(cfg.clone()),
             config_path: OnceLock::new(),
+            draining: AtomicBool::new(false),
         }))
     }
 

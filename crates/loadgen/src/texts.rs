@@ -1,6 +1,8 @@
 //! Text material of the synthetic workload: long shared system prompts, user questions about
 //! images, follow-ups and assistant answers. Fixed strings, so a seed fully determines a workload.
 
+use std::fmt::Write;
+
 /// Long system prompts shared by many conversations (several hundred tokens each), as deployed
 /// assistants have: the shared prefix a cache-aware router should keep on few workers.
 pub(crate) const SYSTEM_PROMPTS: &[&str] = &[
@@ -177,7 +179,7 @@ pub(crate) fn prose(rng: &mut impl rand::Rng, tokens: usize) -> String {
         }
         let word = if rng.random_ratio(1, 25) {
             number.clear();
-            number.push_str(&rng.random_range(2..=9999u32).to_string());
+            write!(number, "{}", rng.random_range(2..=9999u32)).expect("writing to a String");
             number.as_str()
         } else {
             vocabulary[rng.random_range(0..vocabulary.len())]
