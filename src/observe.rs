@@ -69,6 +69,11 @@ pub const KV_EVENT_BATCHES_TOTAL: &str = "mmrouter_kv_event_batches_total";
 pub const KV_EVENT_MALFORMED_TOTAL: &str = "mmrouter_kv_event_malformed_total";
 /// Counter `{worker, kind}`: sequence problems (`gap`, `replay`, `replay_failure`, `resync`, `restart`).
 pub const KV_EVENT_SEQUENCE_TOTAL: &str = "mmrouter_kv_event_sequence_total";
+/// Counter `{worker, reason}`: input refused from a worker's event publisher or discovery document:
+/// protocol violations (`frame_too_large`, `message_too_large`, `too_many_frames`, `bad_greeting`, …),
+/// malformed messages (their decode label), `inconsistent_event`, `state_overflow`, `index_share`, and
+/// `discovery_<reason>` (`too_large`, `too_many_ranks`, `foreign_host`, `not_json`, `bad_shape`, …).
+pub const KV_EVENT_REFUSED_TOTAL: &str = "mmrouter_kv_event_refused_total";
 /// Gauge `{worker}`: 1 while every rank's subscription is connected.
 pub const KV_EVENT_CONNECTED: &str = "mmrouter_kv_event_connected";
 /// Histogram `{worker}`: now minus the batch's engine timestamp, seconds.
@@ -180,6 +185,8 @@ pub struct Observer {
     probes: Cache<&'static str, Histogram>,
     worker_gauges: Cache<(&'static str, String), Gauge>,
     worker_counters: Cache<(&'static str, String, &'static str), Counter>,
+    /// `KV_EVENT_REFUSED_TOTAL` by (worker, reason).
+    refused: Cache<(String, String), Counter>,
     event_lag: Cache<String, Histogram>,
     index_by_source: Cache<&'static str, Gauge>,
     front_counters: Cache<(&'static str, &'static str), Counter>,
@@ -230,6 +237,7 @@ impl Observer {
             probes: Cache::new(),
             worker_gauges: Cache::new(),
             worker_counters: Cache::new(),
+            refused: Cache::new(),
             event_lag: Cache::new(),
             index_by_source: Cache::new(),
         }
@@ -433,6 +441,12 @@ impl Observer {
                 ("restart", sum(|s| s.restarts + s.reconnect_resets)),
             ] {
                 self.mirror(KV_EVENT_SEQUENCE_TOTAL, name, kind, v);
+            }
+            for (reason, v) in f.refused() {
+                let c = self.refused.get((name.to_owned(), reason), |(w, r)| {
+                    self.counter(KV_EVENT_REFUSED_TOTAL, &[("worker", w), ("reason", r)])
+                });
+                c.absolute(v);
             }
             let connected = !stats.is_empty() && stats.iter().all(|s| s.connected);
             let g = self.worker_gauges.get((KV_EVENT_CONNECTED, name.to_owned()), |(n, w)| {

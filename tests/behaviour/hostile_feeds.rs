@@ -1,0 +1,378 @@
+//! Hostile KV-event publishers and discovery documents against the real binary (issue 20): a worker's
+//! event endpoint, its replay endpoint and its discovery document are untrusted input. Every publisher
+//! here is a raw TCP server on 127.0.0.1 that speaks just enough ZMTP 3.0 to pass the handshake and then
+//! misbehaves; the discovery servers answer raw HTTP. The router must keep running, stay within a memory
+//! bound over idle, answer `/health` fast, keep the other workers' routing state, and count what it
+//! refused under `mmrouter_kv_event_refused_total{reason}`.
+//!
+//! The router runs as a child process so that its resident memory can be read from `/proc`.
+
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use zeromq::{Socket, SocketSend};
+
+use crate::harness::*;
+
+/// What an attack may add to the router's resident memory over idle (README "Precise routing": one
+/// message is bounded by `kv_events.max_message_bytes`, held replay batches by `max_replay_buffer_bytes`).
+const RSS_BOUND_BYTES: u64 = 64 * 1024 * 1024;
+/// `/health` must stay this fast while the feeds are under attack (feeds run on their own runtime).
+const HEALTH_BOUND: Duration = Duration::from_millis(50);
+
+/// The 64-byte ZMTP 3.0 greeting with the NULL mechanism.
+fn greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xFF;
+    g[9] = 0x7F;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// A READY command naming `socket_type`, as a short command frame.
+fn ready(socket_type: &str) -> Vec<u8> {
+    let mut body = vec![5u8];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    body.extend_from_slice(socket_type.as_bytes());
+    let mut frame = vec![0x04, body.len() as u8];
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Greeting and READY both ways; what the peer sends after its READY is left unread.
+async fn handshake(sock: &mut TcpStream, socket_type: &str) -> std::io::Result<()> {
+    sock.write_all(&greeting()).await?;
+    let mut peer = [0u8; 64];
+    sock.read_exact(&mut peer).await?;
+    sock.write_all(&ready(socket_type)).await?;
+    let mut head = [0u8; 2];
+    sock.read_exact(&mut head).await?;
+    let mut body = vec![0u8; head[1] as usize];
+    sock.read_exact(&mut body).await?;
+    Ok(())
+}
+
+/// A long-frame header (flags `more`/`long` as given) claiming `len` bytes.
+fn long_header(len: u64, more: bool) -> Vec<u8> {
+    let mut h = vec![0x02 | u8::from(more)];
+    h.extend_from_slice(&len.to_be_bytes());
+    h
+}
+
+/// One frame, short or long form.
+fn frame(body: &[u8], more: bool) -> Vec<u8> {
+    let mut f = if body.len() < 256 { vec![u8::from(more), body.len() as u8] } else { long_header(body.len() as u64, more) };
+    f.extend_from_slice(body);
+    f
+}
+
+/// The ways a live publisher misbehaves after its handshake, one per connection, in turn.
+#[derive(Clone, Copy, Debug)]
+enum Attack {
+    /// Nine bytes: a frame claiming 2^62 bytes.
+    HugeHeader,
+    /// A frame claiming 512 MiB, then a trickle of its body.
+    Claims512MiB,
+    /// A multi-part message that never ends (1 MiB frames, each with `more`).
+    EndlessMultipart,
+    /// 20 MB of empty frames, each with `more`.
+    EmptyFrames,
+    /// A greeting that is not ZMTP.
+    BadGreeting,
+    /// A well-formed message of 33 MB (above `kv_events.max_message_bytes`).
+    OversizedBatch,
+}
+
+const ATTACKS: [Attack; 6] = [
+    Attack::HugeHeader,
+    Attack::Claims512MiB,
+    Attack::EndlessMultipart,
+    Attack::EmptyFrames,
+    Attack::BadGreeting,
+    Attack::OversizedBatch,
+];
+
+async fn attack(mut sock: TcpStream, how: Attack) -> std::io::Result<()> {
+    if let Attack::BadGreeting = how {
+        sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+        return sock.write_all(&[0u8; 4096]).await;
+    }
+    handshake(&mut sock, "PUB").await?;
+    match how {
+        Attack::HugeHeader => sock.write_all(&long_header(1 << 62, false)).await?,
+        Attack::Claims512MiB => {
+            sock.write_all(&long_header(512 << 20, false)).await?;
+            for _ in 0..64 {
+                sock.write_all(&[0u8; 64 * 1024]).await?;
+            }
+        }
+        Attack::EndlessMultipart => {
+            let chunk = frame(&vec![7u8; 1 << 20], true);
+            for _ in 0..200 {
+                sock.write_all(&chunk).await?;
+            }
+        }
+        Attack::EmptyFrames => {
+            let chunk: Vec<u8> = std::iter::repeat_n([0x01u8, 0x00], 512 * 1024).flatten().collect();
+            for _ in 0..20 {
+                sock.write_all(&chunk).await?;
+            }
+        }
+        Attack::OversizedBatch => {
+            sock.write_all(&frame(b"", true)).await?;
+            sock.write_all(&frame(&1u64.to_be_bytes(), true)).await?;
+            let body = vec![0x90u8; 33 << 20];
+            sock.write_all(&frame(&body, false)).await?;
+        }
+        Attack::BadGreeting => unreachable!(),
+    }
+    sock.flush().await
+}
+
+/// A live publisher that attacks every connection, cycling through [`ATTACKS`].
+async fn hostile_publisher() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        for n in 0.. {
+            let Ok((sock, _)) = listener.accept().await else { return };
+            tokio::spawn(attack(sock, ATTACKS[n % ATTACKS.len()]));
+        }
+    });
+    endpoint
+}
+
+/// A replay ROUTER that answers every replay request with a frame claiming 2^62 bytes.
+async fn hostile_replay() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                handshake(&mut sock, "ROUTER").await?;
+                let mut request = [0u8; 64];
+                let _ = tokio::time::timeout(Duration::from_secs(1), sock.read(&mut request)).await;
+                sock.write_all(&long_header(1 << 62, false)).await
+            });
+        }
+    });
+    endpoint
+}
+
+/// A well-behaved publisher for the replay worker's live stream: seq 5 first (the slow-joiner replay
+/// from 0 goes to the hostile ROUTER), then one empty batch per 100 ms.
+async fn replay_trigger(mut publisher: zeromq::PubSocket) {
+    for seq in 5u64.. {
+        let frames = vec![bytes::Bytes::new(), bytes::Bytes::from(seq.to_be_bytes().to_vec()), batch(vec![]).into()];
+        if publisher.send(zeromq::ZmqMessage::try_from(frames).unwrap()).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An HTTP server whose every answer to `GET <any>/kv_event_sources` is chosen by the path's first
+/// segment: `ranks` (50 000 ranks), `huge` (an endless body), `foreign` (a publisher on another host).
+async fn hostile_discovery() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else { return };
+            tokio::spawn(answer_discovery(sock));
+        }
+    });
+    base
+}
+
+async fn answer_discovery(mut sock: TcpStream) -> std::io::Result<()> {
+    let mut head = vec![0u8; 4096];
+    let n = sock.read(&mut head).await?;
+    let line = String::from_utf8_lossy(&head[..n]).lines().next().unwrap_or_default().to_owned();
+    let ok = |body: &str| format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+    if line.contains("/ranks/") {
+        let entries: Vec<String> = (0..50_000)
+            .map(|r| format!(r#"{{"data_parallel_rank":{r},"endpoint":"tcp://127.0.0.1:{}","topic":""}}"#, 20_000 + r % 1000))
+            .collect();
+        sock.write_all(ok(&format!("[{}]", entries.join(","))).as_bytes()).await?;
+    } else if line.contains("/huge/") {
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n[").await?;
+        let filler = vec![b' '; 64 * 1024];
+        for _ in 0..(400 * 16) {
+            sock.write_all(&filler).await?;
+        }
+    } else {
+        // 127.0.0.2 is loopback: even a router that wrongly followed it would contact nothing outside.
+        sock.write_all(ok(r#"[{"data_parallel_rank":0,"endpoint":"tcp://127.0.0.2:5557","topic":""}]"#).as_bytes())
+            .await?;
+    }
+    sock.flush().await
+}
+
+fn s(v: &str) -> Value {
+    Value::from(v)
+}
+
+/// A vLLM ≥ 0.24 batch `[ts, [events…], dp_rank]`.
+fn batch_at(ts: f64, events: Vec<Value>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]))
+        .unwrap();
+    buf
+}
+
+fn batch(events: Vec<Value>) -> Vec<u8> {
+    batch_at(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64(), events)
+}
+
+fn stored(hashes: &[u64], tokens: &[u64]) -> Value {
+    Value::Map(vec![
+        (s("type"), s("BlockStored")),
+        (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
+        (s("parent_block_hash"), Value::Nil),
+        (s("token_ids"), Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
+        (s("block_size"), Value::from(16)),
+        (s("lora_id"), Value::Nil),
+        (s("medium"), s("GPU")),
+    ])
+}
+
+fn message(seq: u64, payload: Vec<u8>) -> zeromq::ZmqMessage {
+    let frames = vec![bytes::Bytes::new(), bytes::Bytes::from(seq.to_be_bytes().to_vec()), bytes::Bytes::from(payload)];
+    zeromq::ZmqMessage::try_from(frames).unwrap()
+}
+
+/// Resident set size of `pid`, bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc status");
+    kb * 1024
+}
+
+async fn route(url: &str, body: &[u8]) -> serde_json::Value {
+    client()
+        .post(format!("{url}/debug/route?tokens=true"))
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Event-sourced overlap of worker `w` for `body`.
+async fn event_overlap(url: &str, body: &[u8], w: usize) -> u64 {
+    route(url, body).await["overlap_sources"][w]["events"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_publishers_and_documents_leave_the_router_running_bounded_and_routing() {
+    let mut good = zeromq::PubSocket::new();
+    let good_endpoint = good.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut trigger = zeromq::PubSocket::new();
+    let trigger_endpoint = trigger.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (evil, replay) = (hostile_publisher().await, hostile_replay().await);
+    let disco = hostile_discovery().await;
+    let sims = sims(1, fast).await;
+    // Chats are never sent here (`/debug/route` plans and ranks without forwarding), so the hostile
+    // workers' URLs need to answer nothing but discovery.
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n\
+         [[workers]]\nname = \"good\"\nurl = {:?}\nkv_events = {good_endpoint:?}\n\
+         [[workers]]\nname = \"evil\"\nurl = \"http://127.0.0.1:9\"\nkv_events = {evil:?}\n\
+         [[workers]]\nname = \"replayer\"\nurl = \"http://127.0.0.1:9\"\nkv_events = {trigger_endpoint:?}\nkv_events_replay = {replay:?}\n\
+         [[workers]]\nname = \"ranks\"\nurl = \"{disco}/ranks\"\nkv_events = \"discover\"\n\
+         [[workers]]\nname = \"huge\"\nurl = \"{disco}/huge\"\nkv_events = \"discover\"\n\
+         [[workers]]\nname = \"foreign\"\nurl = \"{disco}/foreign\"\nkv_events = \"discover\"\n",
+        sims[0].url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    std::fs::write(&path, toml).unwrap();
+    let (mut child, addr, _log) = spawn_serve(&path);
+    let url = format!("http://{addr}");
+    let pid = child.id();
+
+    // The good worker announces a prompt's blocks; the router's view of it must survive everything below.
+    let body = chat_body(&[], &"Tell me a long story about routers and caches. ".repeat(8), false);
+    let ids: Vec<u64> = serde_json::from_value(route(&url, &body).await["token_ids"].clone()).unwrap();
+    let blocks = ids.len() / 16;
+    let hashes: Vec<u64> = (0..blocks as u64).map(|i| 0xE000 + i).collect();
+    let announce = batch(vec![stored(&hashes, &ids[..blocks * 16])]);
+    let mut learnt = false;
+    for _ in 0..200 {
+        good.send(message(0, announce.clone())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        if event_overlap(&url, &body, 0).await == blocks as u64 {
+            learnt = true;
+            break;
+        }
+    }
+    assert!(learnt, "the good worker's events reached the index");
+    // A timestamp of -inf is refused by the decoder, never a sample of the lag histogram.
+    good.send(message(1, batch_at(f64::NEG_INFINITY, vec![]))).await.unwrap();
+    let idle = rss(pid);
+
+    // The attack: every hostile connection in turn for a while, /health and memory watched meanwhile.
+    let trigger_task = tokio::spawn(replay_trigger(trigger));
+    let (mut worst_health, mut peak) = (Duration::ZERO, idle);
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        let t = Instant::now();
+        let resp = client().get(format!("{url}/health")).send().await.unwrap();
+        let took = t.elapsed();
+        assert!(resp.status().is_success() || resp.status().as_u16() == 503, "{}", resp.status());
+        worst_health = worst_health.max(took);
+        peak = peak.max(rss(pid));
+        assert!(child.try_wait().unwrap().is_none(), "the router exited during the attack");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    trigger_task.abort();
+
+    assert!(child.try_wait().unwrap().is_none(), "the router is still running");
+    assert!(
+        peak.saturating_sub(idle) < RSS_BOUND_BYTES,
+        "resident memory grew by {} MB (idle {} MB, peak {} MB)",
+        peak.saturating_sub(idle) >> 20,
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(worst_health < HEALTH_BOUND, "/health took {worst_health:?} during the attack");
+    assert_eq!(event_overlap(&url, &body, 0).await, blocks as u64, "the good worker's routing state is intact");
+
+    let page = metrics_text(&url).await;
+    let refused = |worker: &str, reason: &str| {
+        metric(&page, "mmrouter_kv_event_refused_total", &format!("worker=\"{worker}\",reason=\"{reason}\""))
+    };
+    for reason in ["frame_too_large", "message_too_large", "bad_greeting"] {
+        assert!(refused("evil", reason) >= 1.0, "evil: {reason} not counted:\n{page}");
+    }
+    assert!(
+        refused("evil", "too_many_frames") + refused("evil", "message_too_large") >= 2.0,
+        "endless and empty multi-part messages refused:\n{page}"
+    );
+    assert!(refused("replayer", "frame_too_large") >= 1.0, "the replay socket's huge frame:\n{page}");
+    assert!(refused("good", "bad_timestamp") >= 1.0, "the -inf timestamp:\n{page}");
+    assert!(refused("ranks", "discovery_too_many_ranks") >= 1.0, "{page}");
+    assert!(refused("huge", "discovery_too_large") >= 1.0, "{page}");
+    assert!(refused("foreign", "discovery_foreign_host") >= 1.0, "{page}");
+    let lag_sum = metric(&page, "mmrouter_kv_event_lag_seconds_sum", "worker=\"good\"");
+    assert!(lag_sum.is_finite(), "lag histogram sum {lag_sum}");
+    crate::metrics_format::promtool_accepts(&page);
+
+    child.kill().unwrap();
+    let _ = child.wait();
+}
