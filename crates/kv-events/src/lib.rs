@@ -56,9 +56,12 @@ pub mod discovery;
 pub mod endpoint;
 #[cfg(feature = "feed")]
 pub mod feed;
+#[cfg(feature = "feed")]
+mod zmtp;
 
 pub use decode::{decode_batch, BlockRemoved, BlockStored, DecodeError, EngineHash, EventBatch, ExtraKey, KvEvent};
 #[cfg(feature = "feed")]
 pub use feed::{
     spawn_feed, FeedConfig, FeedConfigError, FeedEvent, FeedHandle, FeedStats, FrameError, Malformed, ResetReason,
+    ZmtpError,
 };

@@ -26,7 +26,7 @@
 //! capped backoff.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -35,6 +35,7 @@ use tokio::task::JoinHandle;
 use crate::decode::{DecodeError, EventBatch};
 use crate::endpoint::{self, Endpoint, EndpointError};
 
+mod log_limit;
 pub mod replay;
 mod task;
 mod tracker;
@@ -42,6 +43,7 @@ mod tracker;
 #[cfg(test)]
 mod socket_tests;
 
+pub use crate::zmtp::ZmtpError;
 pub use replay::ReplayError;
 
 /// Configuration of one feed (one publisher).
@@ -68,6 +70,16 @@ pub struct FeedConfig {
     /// default equals the engines' default replay ring (`buffer_steps` = 10 000): a replay slower than that
     /// many live batches could not be complete anyway.
     pub max_replay_buffer: usize,
+    /// Byte budget of the live payloads buffered while a replay runs; beyond this the replay is abandoned
+    /// (resync), like [`FeedConfig::max_replay_buffer`]. Default 32 MiB.
+    pub max_replay_buffer_bytes: usize,
+    /// Largest message (sum of its frames) accepted from the publisher or the replay endpoint; a larger
+    /// one drops the connection (counted as `message_too_large` / `frame_too_large`). Default 16 MiB: a
+    /// real vLLM batch for a 128k-token prompt is well under 1 MiB. This bounds the memory one connection
+    /// can make the feed hold.
+    pub max_message_bytes: usize,
+    /// Most frames in one message (live batches have 3, replay replies 3 or 4). Default 8.
+    pub max_frames: usize,
     /// Emit [`ResetReason::Reconnect`] on the first message after a lost connection (see
     /// [`ResetReason::Reconnect`]). Default `true`.
     pub reset_on_reconnect: bool,
@@ -75,7 +87,8 @@ pub struct FeedConfig {
 
 impl FeedConfig {
     /// A configuration with defaults: no replay, topic `""`, rank 0, replay timeout 2 s, connect timeout
-    /// 2 s, reconnect backoff cap 5 s, channel capacity 1024, replay buffer 10 000, reset on reconnect.
+    /// 2 s (also the ZMTP handshake deadline), reconnect backoff cap 5 s, channel capacity 1024, replay
+    /// buffer 10 000 batches / 32 MiB, messages ≤ 16 MiB and ≤ 8 frames, reset on reconnect.
     pub fn new(endpoint: impl Into<String>) -> Self {
         FeedConfig {
             endpoint: endpoint.into(),
@@ -87,6 +100,9 @@ impl FeedConfig {
             reconnect_interval_max: Duration::from_secs(5),
             channel_capacity: 1024,
             max_replay_buffer: 10_000,
+            max_replay_buffer_bytes: 32 << 20,
+            max_message_bytes: 16 << 20,
+            max_frames: 8,
             reset_on_reconnect: true,
         }
     }
@@ -153,9 +169,36 @@ impl FeedConfig {
         if self.replay_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(FeedConfigError::Invalid("timeouts must be > 0"));
         }
+        self.validate_limits()
+    }
+
+    fn validate_limits(&self) -> Result<(), FeedConfigError> {
+        if self.max_message_bytes == 0 || self.max_message_bytes > MAX_MESSAGE_BYTES_CAP {
+            return Err(FeedConfigError::Invalid("max_message_bytes must be in 1..=1 GiB"));
+        }
+        if !(4..=64).contains(&self.max_frames) {
+            return Err(FeedConfigError::Invalid("max_frames must be in 4..=64 (replay replies have 4 frames)"));
+        }
+        if self.max_replay_buffer_bytes == 0 {
+            return Err(FeedConfigError::Invalid("max_replay_buffer_bytes must be > 0"));
+        }
         Ok(())
     }
+
+    /// The ZMTP limits of this feed's connections.
+    pub(crate) fn zmtp_limits(&self) -> crate::zmtp::Limits {
+        crate::zmtp::Limits {
+            max_frame_bytes: self.max_message_bytes,
+            max_message_bytes: self.max_message_bytes,
+            max_frames: self.max_frames,
+            handshake_timeout: self.connect_timeout,
+            ..Default::default()
+        }
+    }
 }
+
+/// Upper bound of [`FeedConfig::max_message_bytes`]: no engine batch comes near it.
+pub const MAX_MESSAGE_BYTES_CAP: usize = 1 << 30;
 
 /// Why a [`FeedConfig`] was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -274,6 +317,30 @@ pub(crate) struct Counters {
     pub last_seq: AtomicU64,
     pub connected: AtomicBool,
     pub history_complete: AtomicBool,
+    pub protocol_violations: AtomicU64,
+    pub protocol_by_reason: LabelCounts,
+    pub malformed_by_reason: LabelCounts,
+}
+
+/// Counts per snake_case label. Refusals are rare next to batches, so a mutex is cheap enough, and it
+/// keeps the set of labels open (new error kinds need no new field).
+#[derive(Debug, Default)]
+pub(crate) struct LabelCounts(Mutex<Vec<(&'static str, u64)>>);
+
+impl LabelCounts {
+    pub(crate) fn inc(&self, label: &'static str) {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match counts.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((label, 1)),
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        counts.sort_unstable();
+        counts
+    }
 }
 
 impl Counters {
@@ -307,6 +374,9 @@ impl Counters {
             last_seq: (last != u64::MAX).then_some(last),
             connected: self.connected.load(Ordering::Relaxed),
             history_complete: self.history_complete.load(Ordering::Relaxed),
+            protocol_violations: g(&self.protocol_violations),
+            protocol_violations_by_reason: self.protocol_by_reason.snapshot(),
+            malformed_by_reason: self.malformed_by_reason.snapshot(),
         }
     }
 }
@@ -340,9 +410,9 @@ pub struct FeedStats {
     pub reconnect_resets: u64,
     /// Times the publisher connection was lost.
     pub disconnects: u64,
-    /// Failed connection attempts of the SUB socket.
+    /// Failed connection attempts of the SUB socket (including failed handshakes).
     pub connect_failures: u64,
-    /// Times the feed recreated its SUB socket after a long disconnect.
+    /// Times the feed set up a fresh connection after losing one (each reconnect is a new socket).
     pub socket_recreations: u64,
     /// Last seq delivered, if any since the last reset.
     pub last_seq: Option<u64>,
@@ -350,6 +420,14 @@ pub struct FeedStats {
     pub connected: bool,
     /// Whether every batch since the publisher's seq 0 was delivered since the last reset.
     pub history_complete: bool,
+    /// Connections (live or replay) dropped because the peer broke the ZMTP protocol or a limit.
+    pub protocol_violations: u64,
+    /// [`FeedStats::protocol_violations`] by [`ZmtpError::label`] (`frame_too_large`,
+    /// `message_too_large`, `too_many_frames`, `bad_greeting`, `bad_handshake`, `handshake_timeout`,
+    /// `peer_error`, …), sorted by label; only labels seen so far.
+    pub protocol_violations_by_reason: Vec<(&'static str, u64)>,
+    /// [`FeedStats::malformed`] by [`Malformed::label`], sorted by label; only labels seen so far.
+    pub malformed_by_reason: Vec<(&'static str, u64)>,
 }
 
 /// Handle of a running feed. Dropping it stops the feed task (and closes its sockets).

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::zmtp::{self, Limits, SocketType, ZmtpError};
 
 /// Seq value of the end-of-replay marker.
 pub const END_MARKER_SEQ: u64 = u64::MAX;
@@ -39,6 +40,9 @@ pub enum ReplayError {
     /// A reply did not have the documented shape.
     #[error("bad replay reply: {0}")]
     BadReply(&'static str),
+    /// The replay endpoint broke the ZMTP protocol or a limit (also counted as a protocol violation).
+    #[error("replay endpoint broke the protocol: {0}")]
+    Protocol(ZmtpError),
 }
 
 impl ReplayError {
@@ -50,6 +54,23 @@ impl ReplayError {
             ReplayError::Timeout => "timeout",
             ReplayError::Recv(_) => "recv",
             ReplayError::BadReply(_) => "bad_reply",
+            ReplayError::Protocol(_) => "protocol",
+        }
+    }
+
+    fn from_connect(e: ZmtpError) -> Self {
+        match e {
+            ZmtpError::ConnectTimeout => ReplayError::Timeout,
+            e if e.is_violation() => ReplayError::Protocol(e),
+            e => ReplayError::Connect(e.to_string()),
+        }
+    }
+
+    fn from_recv(e: ZmtpError) -> Self {
+        if e.is_violation() {
+            ReplayError::Protocol(e)
+        } else {
+            ReplayError::Recv(e.to_string())
         }
     }
 }
@@ -87,10 +108,9 @@ pub fn parse_reply(frames: &[Bytes]) -> Result<ReplayReply, ReplayError> {
     Ok(ReplayReply::Data { seq, payload: payload.clone() })
 }
 
-/// Builds the request message `[b"", start_seq]`.
-pub(crate) fn request(from: u64) -> ZmqMessage {
-    let frames = vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
-    ZmqMessage::try_from(frames).expect("two frames")
+/// The request frames `[b"", start_seq]`.
+pub(crate) fn request(from: u64) -> [Vec<u8>; 2] {
+    [Vec::new(), from.to_be_bytes().to_vec()]
 }
 
 /// Messages from a replay task to the feed task.
@@ -101,46 +121,46 @@ pub(crate) enum ReplayMsg {
     Failed(ReplayError),
 }
 
-/// Runs one replay from `from` and forwards everything to `tx`, tagged with `generation`.
-pub(crate) async fn run(
-    endpoint: String,
-    from: u64,
-    timeout: Duration,
-    generation: u64,
-    tx: mpsc::Sender<(u64, ReplayMsg)>,
-) {
-    let result = replay(&endpoint, from, timeout, generation, &tx).await;
-    let last = match result {
+/// What one replay task does.
+#[derive(Clone, Debug)]
+pub(crate) struct Request {
+    pub endpoint: String,
+    pub from: u64,
+    /// Bounds the connection, the handshake and the wait for each reply.
+    pub timeout: Duration,
+    pub limits: Limits,
+    /// Tags every message, so the feed can ignore those of a cancelled replay.
+    pub generation: u64,
+}
+
+/// Runs one replay and forwards everything to `tx`, tagged with the request's generation.
+pub(crate) async fn run(req: Request, tx: mpsc::Sender<(u64, ReplayMsg)>) {
+    let last = match replay(&req, &tx).await {
         Ok(()) => ReplayMsg::End,
         Err(e) => ReplayMsg::Failed(e),
     };
-    let _ = tx.send((generation, last)).await;
+    let _ = tx.send((req.generation, last)).await;
 }
 
-async fn replay(
-    endpoint: &str,
-    from: u64,
-    timeout: Duration,
-    generation: u64,
-    tx: &mpsc::Sender<(u64, ReplayMsg)>,
-) -> Result<(), ReplayError> {
-    let mut options = SocketOptions::default();
-    options.connect_timeout(timeout);
-    let mut socket = DealerSocket::with_options(options);
-    socket.connect(endpoint).await.map_err(|e| ReplayError::Connect(e.to_string()))?;
-    tokio::time::timeout(timeout, socket.send(request(from)))
+async fn replay(req: &Request, tx: &mpsc::Sender<(u64, ReplayMsg)>) -> Result<(), ReplayError> {
+    let limits = Limits { handshake_timeout: req.timeout, ..req.limits };
+    let mut socket = zmtp::connect(&req.endpoint, SocketType::Dealer, b"", limits, req.timeout)
+        .await
+        .map_err(ReplayError::from_connect)?;
+    let [delim, start] = request(req.from);
+    tokio::time::timeout(req.timeout, socket.send(&[&delim, &start]))
         .await
         .map_err(|_| ReplayError::Timeout)?
         .map_err(|e| ReplayError::Send(e.to_string()))?;
     loop {
-        let msg = tokio::time::timeout(timeout, socket.recv())
+        let frames = tokio::time::timeout(req.timeout, socket.recv())
             .await
             .map_err(|_| ReplayError::Timeout)?
-            .map_err(|e| ReplayError::Recv(e.to_string()))?;
-        match parse_reply(&msg.into_vec())? {
+            .map_err(ReplayError::from_recv)?;
+        match parse_reply(&frames)? {
             ReplayReply::End => return Ok(()),
             ReplayReply::Data { seq, payload } => {
-                if tx.send((generation, ReplayMsg::Data { seq, payload })).await.is_err() {
+                if tx.send((req.generation, ReplayMsg::Data { seq, payload })).await.is_err() {
                     return Ok(()); // the feed is gone
                 }
             }
@@ -188,7 +208,8 @@ mod tests {
 
     #[test]
     fn request_frames() {
-        let req = request(0x0102).into_vec();
-        assert_eq!(req, vec![Bytes::new(), b(&[0, 0, 0, 0, 0, 0, 1, 2])]);
+        let [delim, start] = request(0x0102);
+        assert!(delim.is_empty());
+        assert_eq!(start, [0, 0, 0, 0, 0, 0, 1, 2]);
     }
 }

@@ -6,16 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
-use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
 
-use super::replay::{self, ReplayMsg};
+use super::log_limit::{self, LogLimit};
+use super::replay::{self, ReplayError, ReplayMsg};
 use super::tracker::{Action, Tracker, TrackerConfig};
 use super::{Counters, FeedConfig, FeedEvent, FrameError, Malformed};
 use crate::decode::decode_batch;
+use crate::zmtp::{self, SocketType, Stream, ZmtpError, ZmtpSocket};
 
 /// The consumer dropped the receiver: stop.
 struct Closed;
@@ -44,6 +43,7 @@ struct Feed {
     generation: u64,
     replay_tx: mpsc::Sender<(u64, ReplayMsg)>,
     replay_rx: mpsc::Receiver<(u64, ReplayMsg)>,
+    log_limit: LogLimit,
 }
 
 pub(super) async fn run(cfg: Arc<FeedConfig>, counters: Arc<Counters>, tx: mpsc::Sender<FeedEvent>) {
@@ -51,8 +51,11 @@ pub(super) async fn run(cfg: Arc<FeedConfig>, counters: Arc<Counters>, tx: mpsc:
         replay_enabled: cfg.replay_endpoint.is_some(),
         reset_on_reconnect: cfg.reset_on_reconnect,
         max_replay_buffer: cfg.max_replay_buffer,
+        max_replay_buffer_bytes: cfg.max_replay_buffer_bytes,
     };
-    let (replay_tx, replay_rx) = mpsc::channel(1024);
+    // Replayed messages are applied as they arrive; a short channel keeps at most a few of them (each up
+    // to `max_message_bytes`) in flight.
+    let (replay_tx, replay_rx) = mpsc::channel(2);
     let mut feed = Feed {
         tracker: Tracker::new(tracker_cfg, counters.clone()),
         cfg,
@@ -63,6 +66,7 @@ pub(super) async fn run(cfg: Arc<FeedConfig>, counters: Arc<Counters>, tx: mpsc:
         generation: 0,
         replay_tx,
         replay_rx,
+        log_limit: LogLimit::new(),
     };
     let _ = feed.run().await;
     feed.counters.connected.store(false, Ordering::Relaxed);
@@ -91,105 +95,139 @@ impl Backoff {
     fn reset(&mut self) {
         self.next = Self::MIN.min(self.max);
     }
+
+    /// The delay after a protocol violation: the cap, and the backoff stays there.
+    fn penalty(&mut self) -> Duration {
+        self.next = self.max;
+        self.max
+    }
 }
+
+type Conn = ZmtpSocket<Box<dyn Stream>>;
 
 impl Feed {
     async fn run(&mut self) -> Result<(), Closed> {
         let mut backoff = Backoff::new(self.cfg.reconnect_interval_max);
         loop {
-            let (mut sub, mut monitor) = self.connect(&mut backoff).await?;
-            backoff.reset();
+            let mut conn = self.connect(&mut backoff).await?;
             self.counters.connected.store(true, Ordering::Relaxed);
             tracing::debug!(endpoint = %self.cfg.endpoint, dp_rank = self.cfg.dp_rank, "kv event feed connected");
+            let (error, delivered) = self.serve(&mut conn).await?;
+            drop(conn);
+            if delivered {
+                backoff.reset(); // the peer behaved for a while: reconnect quickly
+            }
+            self.on_lost(&error).await?;
+            self.pause(&mut backoff, &error).await?;
+            Counters::inc(&self.counters.socket_recreations);
+        }
+    }
 
-            let mut monitor_open = true;
-            let mut down_since: Option<Instant> = None;
-            loop {
-                let recreate_at = down_since.map(|t| t + self.cfg.reconnect_interval_max);
-                tokio::select! {
-                    biased;
-                    _ = self.tx.closed() => return Err(Closed),
-                    ev = monitor.next(), if monitor_open => match ev {
-                        Some(SocketEvent::Disconnected(_)) => {
-                            Counters::inc(&self.counters.disconnects);
-                            self.counters.connected.store(false, Ordering::Relaxed);
-                            down_since.get_or_insert_with(Instant::now);
-                            tracing::info!(endpoint = %self.cfg.endpoint, dp_rank = self.cfg.dp_rank,
-                                "kv event publisher disconnected");
-                            self.tracker.on_disconnect(&mut self.actions);
-                            self.execute().await?;
-                        }
-                        Some(SocketEvent::Connected(..)) => {
-                            self.counters.connected.store(true, Ordering::Relaxed);
-                            down_since = None;
-                        }
-                        Some(_) => {}
-                        None => monitor_open = false,
-                    },
-                    Some((generation, msg)) = self.replay_rx.recv() => self.on_replay_msg(generation, msg).await?,
-                    res = sub.recv() => match res {
-                        Ok(msg) => self.on_live(msg).await?,
-                        // A peer's stream failed; the socket notices the disconnect itself.
-                        Err(e) => tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "kv event recv error"),
-                    },
-                    _ = sleep_until_opt(recreate_at), if recreate_at.is_some() => {
-                        tracing::info!(endpoint = %self.cfg.endpoint, dp_rank = self.cfg.dp_rank,
-                            "kv event publisher still unreachable, recreating the SUB socket");
-                        Counters::inc(&self.counters.socket_recreations);
-                        break;
+    /// Reads the connection until it fails: the error, and whether any message arrived.
+    async fn serve(&mut self, conn: &mut Conn) -> Result<(ZmtpError, bool), Closed> {
+        let mut delivered = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.tx.closed() => return Err(Closed),
+                Some((generation, msg)) = self.replay_rx.recv() => self.on_replay_msg(generation, msg).await?,
+                res = conn.recv() => match res {
+                    Ok(frames) => {
+                        delivered = true;
+                        self.on_live(frames).await?;
                     }
-                }
+                    Err(e) => return Ok((e, delivered)),
+                },
             }
         }
     }
 
-    /// Creates a SUB socket and connects it, retrying with backoff until it works or the consumer is gone.
-    async fn connect(
-        &mut self,
-        backoff: &mut Backoff,
-    ) -> Result<(SubSocket, futures_util::stream::BoxStream<'static, SocketEvent>), Closed> {
+    /// The live connection ended.
+    async fn on_lost(&mut self, error: &ZmtpError) -> Result<(), Closed> {
+        Counters::inc(&self.counters.disconnects);
+        self.counters.connected.store(false, Ordering::Relaxed);
+        if error.is_violation() {
+            self.violation(&self.cfg.endpoint.clone(), error);
+        } else {
+            tracing::info!(endpoint = %self.cfg.endpoint, dp_rank = self.cfg.dp_rank, reason = %error,
+                "kv event publisher disconnected");
+        }
+        self.tracker.on_disconnect(&mut self.actions);
+        self.execute().await
+    }
+
+    /// Counts and logs (rate-limited) a protocol violation of the live or replay peer.
+    fn violation(&mut self, endpoint: &str, error: &ZmtpError) {
+        Counters::inc(&self.counters.protocol_violations);
+        self.counters.protocol_by_reason.inc(error.label());
+        log_limit::warn(&mut self.log_limit, endpoint, error.label(), || {
+            tracing::warn!(endpoint, reason = error.label(), error = %error,
+                "kv event peer broke the protocol, connection dropped");
+        });
+    }
+
+    /// Waits before the next connection attempt: the backoff, or after a protocol violation the full
+    /// backoff cap (a misbehaving peer is not retried eagerly).
+    async fn pause(&mut self, backoff: &mut Backoff, error: &ZmtpError) -> Result<(), Closed> {
+        let delay = if error.is_violation() { backoff.penalty() } else { backoff.step() };
+        tokio::select! {
+            _ = self.tx.closed() => Err(Closed),
+            _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+
+    /// Connects and handshakes, retrying with backoff until it works or the consumer is gone.
+    async fn connect(&mut self, backoff: &mut Backoff) -> Result<Conn, Closed> {
         loop {
-            let attempt = async {
-                let mut options = SocketOptions::default();
-                options.connect_timeout(self.cfg.connect_timeout);
-                let mut sub = SubSocket::with_options(options);
-                let monitor = sub.monitor();
-                sub.subscribe(&self.cfg.topic).await?;
-                sub.connect(&self.cfg.endpoint).await?;
-                Ok::<_, zeromq::ZmqError>((sub, monitor.boxed()))
-            };
+            let attempt = zmtp::connect(
+                &self.cfg.endpoint,
+                SocketType::Sub,
+                self.cfg.topic.as_bytes(),
+                self.cfg.zmtp_limits(),
+                self.cfg.connect_timeout,
+            );
             let result = tokio::select! {
                 _ = self.tx.closed() => return Err(Closed),
                 r = attempt => r,
             };
             match result {
-                Ok(pair) => return Ok(pair),
+                Ok(conn) => return Ok(conn),
                 Err(e) => {
                     Counters::inc(&self.counters.connect_failures);
-                    let delay = backoff.step();
-                    tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, ?delay, "kv event connect failed");
-                    tokio::select! {
-                        _ = self.tx.closed() => return Err(Closed),
-                        _ = tokio::time::sleep(delay) => {}
+                    if e.is_violation() {
+                        self.violation(&self.cfg.endpoint.clone(), &e);
+                    } else {
+                        tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "kv event connect failed");
                     }
+                    self.pause(backoff, &e).await?;
                 }
             }
         }
     }
 
-    async fn on_live(&mut self, msg: ZmqMessage) -> Result<(), Closed> {
+    async fn on_live(&mut self, frames: Vec<Bytes>) -> Result<(), Closed> {
         Counters::inc(&self.counters.messages);
-        match parse_live(msg) {
+        match parse_live(frames) {
             Ok((seq, payload)) => {
                 self.tracker.on_live(seq, payload, &mut self.actions);
                 self.execute().await
             }
             Err(e) => {
-                Counters::inc(&self.counters.malformed);
-                tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "malformed kv event message");
-                self.send(FeedEvent::Malformed { seq: None, error: e.into() }).await
+                let error = Malformed::from(e);
+                self.malformed(None, &error);
+                self.send(FeedEvent::Malformed { seq: None, error }).await
             }
         }
+    }
+
+    /// Counts and logs (rate-limited) a malformed message.
+    fn malformed(&mut self, seq: Option<u64>, error: &Malformed) {
+        Counters::inc(&self.counters.malformed);
+        self.counters.malformed_by_reason.inc(error.label());
+        let endpoint = &self.cfg.endpoint;
+        log_limit::warn(&mut self.log_limit, endpoint, error.label(), || {
+            tracing::warn!(endpoint, ?seq, reason = error.label(), error = %error, "malformed kv event message");
+        });
     }
 
     async fn on_replay_msg(&mut self, generation: u64, msg: ReplayMsg) -> Result<(), Closed> {
@@ -207,11 +245,21 @@ impl Feed {
             }
             ReplayMsg::Failed(e) => {
                 self.replay = None;
-                tracing::warn!(endpoint = ?self.cfg.replay_endpoint, error = %e, "kv event replay failed");
+                self.replay_failed(&e);
                 self.tracker.on_replay_end(false, &mut self.actions);
             }
         }
         self.execute().await
+    }
+
+    fn replay_failed(&mut self, e: &ReplayError) {
+        let endpoint = self.cfg.replay_endpoint.clone().unwrap_or_default();
+        if let ReplayError::Protocol(z) = e {
+            return self.violation(&endpoint, z);
+        }
+        log_limit::warn(&mut self.log_limit, &endpoint, e.label(), || {
+            tracing::warn!(endpoint, reason = e.label(), error = %e, "kv event replay failed");
+        });
     }
 
     async fn execute(&mut self) -> Result<(), Closed> {
@@ -241,9 +289,9 @@ impl Feed {
                     self.send(FeedEvent::Batch { seq, batch, replayed }).await
                 }
                 Err(e) => {
-                    Counters::inc(&self.counters.malformed);
-                    tracing::warn!(endpoint = %self.cfg.endpoint, seq, error = %e, "undecodable kv event batch");
-                    self.send(FeedEvent::Malformed { seq: Some(seq), error: Malformed::Payload(e) }).await
+                    let error = Malformed::Payload(e);
+                    self.malformed(Some(seq), &error);
+                    self.send(FeedEvent::Malformed { seq: Some(seq), error }).await
                 }
             },
             Action::Reset(reason) => {
@@ -271,8 +319,14 @@ impl Feed {
         };
         self.generation += 1;
         tracing::debug!(endpoint = %endpoint, from, "kv event replay requested");
-        let task =
-            tokio::spawn(replay::run(endpoint, from, self.cfg.replay_timeout, self.generation, self.replay_tx.clone()));
+        let request = replay::Request {
+            endpoint,
+            from,
+            timeout: self.cfg.replay_timeout,
+            limits: self.cfg.zmtp_limits(),
+            generation: self.generation,
+        };
+        let task = tokio::spawn(replay::run(request, self.replay_tx.clone()));
         self.replay = Some(RunningReplay { generation: self.generation, _task: AbortOnDrop(task) });
     }
 
@@ -281,16 +335,8 @@ impl Feed {
     }
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Splits a live message into `(seq, payload)`.
-fn parse_live(msg: ZmqMessage) -> Result<(u64, Bytes), FrameError> {
-    let frames = msg.into_vec();
+fn parse_live(frames: Vec<Bytes>) -> Result<(u64, Bytes), FrameError> {
     let [_topic, seq, payload] = <[Bytes; 3]>::try_from(frames).map_err(|f| FrameError::FrameCount(f.len()))?;
     let seq: [u8; 8] = seq.as_ref().try_into().map_err(|_| FrameError::SeqLength(seq.len()))?;
     Ok((u64::from_be_bytes(seq), payload))
@@ -302,9 +348,7 @@ mod tests {
 
     #[test]
     fn live_frames() {
-        let msg = |frames: Vec<&[u8]>| {
-            ZmqMessage::try_from(frames.into_iter().map(Bytes::copy_from_slice).collect::<Vec<_>>()).unwrap()
-        };
+        let msg = |frames: Vec<&[u8]>| frames.into_iter().map(Bytes::copy_from_slice).collect::<Vec<_>>();
         assert_eq!(parse_live(msg(vec![b"t", &5u64.to_be_bytes(), b"p"])).unwrap(), (5, Bytes::from_static(b"p")));
         assert_eq!(parse_live(msg(vec![b"", &[0; 8], b""])).unwrap(), (0, Bytes::new()));
         assert_eq!(parse_live(msg(vec![b"t", b"p"])), Err(FrameError::FrameCount(2)));

@@ -40,9 +40,30 @@ pub(crate) enum Action<T> {
     CancelReplay,
 }
 
+/// Items whose size counts against the replay buffer's byte budget.
+pub(crate) trait Weigh {
+    /// Bytes this item holds.
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for bytes::Bytes {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+#[cfg(test)]
+impl Weigh for &'static str {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
 struct Replay<T> {
     /// Live messages received while replaying, strictly increasing seq.
     buffer: VecDeque<(u64, T)>,
+    /// Sum of the buffered items' weights.
+    bytes: usize,
     /// `last` when the replay started, to tell whether it delivered anything.
     last_at_start: Option<u64>,
 }
@@ -53,6 +74,7 @@ pub(crate) struct TrackerConfig {
     pub replay_enabled: bool,
     pub reset_on_reconnect: bool,
     pub max_replay_buffer: usize,
+    pub max_replay_buffer_bytes: usize,
 }
 
 pub(crate) struct Tracker<T> {
@@ -67,7 +89,7 @@ pub(crate) struct Tracker<T> {
     live_high: Option<u64>,
 }
 
-impl<T> Tracker<T> {
+impl<T: Weigh> Tracker<T> {
     pub(crate) fn new(cfg: TrackerConfig, counters: Arc<Counters>) -> Self {
         Tracker { cfg, counters, last: None, complete: false, replay: None, disconnected: false, live_high: None }
     }
@@ -91,13 +113,17 @@ impl<T> Tracker<T> {
                 out.push(Action::CancelReplay);
                 self.reset(ResetReason::Restart, out);
                 self.first(seq, item, out);
-            } else if replay.buffer.len() >= self.cfg.max_replay_buffer {
-                // The replay is too slow for the live rate: give it up and resync from what we hold.
+            } else if replay.buffer.len() >= self.cfg.max_replay_buffer
+                || replay.bytes.saturating_add(item.weight()) > self.cfg.max_replay_buffer_bytes
+            {
+                // The replay is too slow for the live rate (or the live batches too big to hold while it
+                // runs): give it up and resync from what we hold.
                 out.push(Action::CancelReplay);
                 Counters::inc(&self.counters.replay_failures);
                 self.finish_replay(false, out);
                 self.apply_ordered(seq, item, false, out);
             } else {
+                replay.bytes += item.weight();
                 replay.buffer.push_back((seq, item));
             }
             return;
@@ -187,7 +213,8 @@ impl<T> Tracker<T> {
 
     fn start_replay_with(&mut self, from: u64, buffer: VecDeque<(u64, T)>, out: &mut Vec<Action<T>>) {
         Counters::inc(&self.counters.replays);
-        self.replay = Some(Replay { buffer, last_at_start: self.last });
+        let bytes = buffer.iter().map(|(_, item)| item.weight()).sum();
+        self.replay = Some(Replay { buffer, bytes, last_at_start: self.last });
         out.push(Action::StartReplay { from });
     }
 
@@ -267,7 +294,7 @@ mod tests {
 
     impl Harness {
         fn new(replay_enabled: bool) -> Self {
-            Self::with(TrackerConfig { replay_enabled, reset_on_reconnect: true, max_replay_buffer: 4 })
+            Self::with(TrackerConfig { replay_enabled, reset_on_reconnect: true, max_replay_buffer: 4, max_replay_buffer_bytes: 1000 })
         }
 
         fn with(cfg: TrackerConfig) -> Self {
@@ -503,6 +530,26 @@ mod tests {
     }
 
     #[test]
+    fn replay_buffer_byte_budget_gives_up() {
+        // "live" weighs 4 bytes: a budget of 10 holds two buffered items, the third overflows.
+        let cfg = TrackerConfig {
+            replay_enabled: true,
+            reset_on_reconnect: true,
+            max_replay_buffer: 100,
+            max_replay_buffer_bytes: 10,
+        };
+        let mut h = Harness::with(cfg);
+        h.live(0);
+        assert_eq!(h.live(2), vec![Action::StartReplay { from: 1 }]);
+        assert_eq!(h.live(3), vec![]);
+        assert_eq!(
+            h.live(4),
+            vec![Action::CancelReplay, Action::Reset(ResetReason::Resync), live(2), live(3), live(4)]
+        );
+        assert_eq!(h.get(|c| &c.replay_failures), 1);
+    }
+
+    #[test]
     fn replay_buffer_overflow_gives_up() {
         let mut h = Harness::new(true); // max_replay_buffer = 4
         h.live(0);
@@ -544,7 +591,7 @@ mod tests {
     #[test]
     fn reconnect_without_reset_uses_seq_rules() {
         let mut h =
-            Harness::with(TrackerConfig { replay_enabled: false, reset_on_reconnect: false, max_replay_buffer: 4 });
+            Harness::with(TrackerConfig { replay_enabled: false, reset_on_reconnect: false, max_replay_buffer: 4, max_replay_buffer_bytes: 1000 });
         h.live(0);
         h.disconnect();
         assert_eq!(h.live(1), vec![live(1)]);
