@@ -41,6 +41,8 @@ mod task;
 mod tracker;
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod socket_tests;
 
 pub use crate::zmtp::ZmtpError;
