@@ -11,11 +11,22 @@
 //!   the page size is ≤ 0 or the endpoint is not TCP. Rank `r` uses `port_base + r`.
 //!
 //! Unknown fields are ignored everywhere.
+//!
+//! **Trust.** A discovery document comes from the worker, not from the operator, so it must not point
+//! the router anywhere else: publisher and replay endpoints must be on the worker's own host (wildcards
+//! are replaced by it) or on a host the caller allows, otherwise the document is refused
+//! (`foreign_host`); `ipc://` endpoints are accepted only when the worker host is a loopback name.
+//! Documents naming more than [`MAX_DATA_PARALLEL`] ranks are refused (`too_many_ranks`).
+//! vLLM 0.32–0.34 answer an object keyed by rank (`{"0": {"endpoint": …}, …}`); the array and
+//! `{"sources": [...]}` shapes are accepted too.
 
 use serde_json::Value;
 
-use crate::endpoint::{self, EndpointError};
+use crate::endpoint::{self, Endpoint, EndpointError};
 use crate::feed::FeedConfig;
+
+/// The most data-parallel ranks (feeds per worker) a discovery document may name.
+pub const MAX_DATA_PARALLEL: u32 = 64;
 
 /// Why a discovery document could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -29,15 +40,24 @@ pub enum DiscoveryError {
     /// An endpoint in the document is unusable.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// The document names more than [`MAX_DATA_PARALLEL`] ranks (or a rank at or beyond it).
+    #[error("discovery document names {0} ranks, more than {MAX_DATA_PARALLEL}")]
+    TooManyRanks(u64),
+    /// An endpoint's host is neither the worker's host nor an allowed one.
+    #[error("endpoint `{0}` is not on the worker's host")]
+    ForeignHost(String),
 }
 
 impl DiscoveryError {
-    /// Snake_case label for metrics: `not_json`, `bad_shape` or `bad_endpoint`.
+    /// Snake_case label for metrics: `not_json`, `bad_shape`, `bad_endpoint`, `too_many_ranks` or
+    /// `foreign_host`.
     pub fn label(&self) -> &'static str {
         match self {
             DiscoveryError::Json(_) => "not_json",
             DiscoveryError::Shape(_) => "bad_shape",
             DiscoveryError::Endpoint(_) => "bad_endpoint",
+            DiscoveryError::TooManyRanks(_) => "too_many_ranks",
+            DiscoveryError::ForeignHost(_) => "foreign_host",
         }
     }
 }
@@ -70,41 +90,104 @@ fn str_field<'a>(
 }
 
 /// Parses the body of vLLM's `GET /kv_event_sources` into one [`FeedConfig`] per rank, sorted by rank.
-pub fn parse_vllm_kv_event_sources(body: &[u8], worker_host: &str) -> Result<Vec<FeedConfig>, DiscoveryError> {
-    vllm_kv_event_sources(&parse_json(body)?, worker_host)
+/// Endpoints must be on `worker_host` or one of `allowed_hosts` (see the module docs).
+pub fn parse_vllm_kv_event_sources(
+    body: &[u8],
+    worker_host: &str,
+    allowed_hosts: &[String],
+) -> Result<Vec<FeedConfig>, DiscoveryError> {
+    vllm_kv_event_sources(&parse_json(body)?, worker_host, allowed_hosts)
 }
 
 /// Same as [`parse_vllm_kv_event_sources`], from parsed JSON.
-pub fn vllm_kv_event_sources(doc: &Value, worker_host: &str) -> Result<Vec<FeedConfig>, DiscoveryError> {
-    let entries = match doc {
-        Value::Array(entries) => entries,
-        Value::Object(obj) => match obj.get("sources") {
-            Some(Value::Array(entries)) => entries,
-            _ => return Err(DiscoveryError::Shape("expected an array or {\"sources\": [...]}")),
-        },
-        _ => return Err(DiscoveryError::Shape("expected an array or {\"sources\": [...]}")),
-    };
+pub fn vllm_kv_event_sources(
+    doc: &Value,
+    worker_host: &str,
+    allowed_hosts: &[String],
+) -> Result<Vec<FeedConfig>, DiscoveryError> {
+    let entries = vllm_entries(doc)?;
+    if entries.len() > MAX_DATA_PARALLEL as usize {
+        return Err(DiscoveryError::TooManyRanks(entries.len() as u64));
+    }
     let mut feeds = Vec::with_capacity(entries.len());
-    for (index, entry) in entries.iter().enumerate() {
-        let Value::Object(obj) = entry else {
-            return Err(DiscoveryError::Shape("source entry is not an object"));
-        };
-        if str_field(obj, "transport", "transport is not a string")?.is_some_and(|t| t != "zmq") {
-            continue;
+    for (index, (key_rank, entry)) in entries.into_iter().enumerate() {
+        let default_rank = key_rank.unwrap_or(u32::try_from(index).unwrap_or(u32::MAX));
+        if let Some(cfg) = vllm_entry(entry, default_rank, worker_host, allowed_hosts)? {
+            feeds.push(cfg);
         }
-        let Some(ep) = str_field(obj, "endpoint", "endpoint is not a string")? else {
-            continue; // no publisher for this rank
-        };
-        let rank = u32_field(obj, "data_parallel_rank", "data_parallel_rank is not a u32")?
-            .unwrap_or(u32::try_from(index).unwrap_or(u32::MAX));
-        let replay = str_field(obj, "replay_endpoint", "replay_endpoint is not a string")?;
-        let topic = str_field(obj, "topic", "topic is not a string")?.unwrap_or("");
-        let mut cfg = FeedConfig::from_engine_config(worker_host, ep, replay, topic)?;
-        cfg.dp_rank = rank;
-        feeds.push(cfg);
     }
     feeds.sort_by_key(|f| f.dp_rank);
     Ok(feeds)
+}
+
+/// The source entries of any accepted shape, with the rank given by an object key.
+fn vllm_entries(doc: &Value) -> Result<Vec<(Option<u32>, &Value)>, DiscoveryError> {
+    const SHAPE: &str = "expected an array, {\"sources\": [...]} or an object keyed by rank";
+    match doc {
+        Value::Array(entries) => Ok(entries.iter().map(|e| (None, e)).collect()),
+        Value::Object(obj) => match obj.get("sources") {
+            Some(Value::Array(entries)) => Ok(entries.iter().map(|e| (None, e)).collect()),
+            Some(_) => Err(DiscoveryError::Shape(SHAPE)),
+            None if obj.is_empty() => Err(DiscoveryError::Shape(SHAPE)),
+            // vLLM 0.32–0.34: {"0": {...}, "1": {...}}, the key is the rank.
+            None => obj
+                .iter()
+                .map(|(k, v)| k.parse::<u32>().map(|r| (Some(r), v)).map_err(|_| DiscoveryError::Shape(SHAPE)))
+                .collect(),
+        },
+        _ => Err(DiscoveryError::Shape(SHAPE)),
+    }
+}
+
+fn vllm_entry(
+    entry: &Value,
+    default_rank: u32,
+    worker_host: &str,
+    allowed_hosts: &[String],
+) -> Result<Option<FeedConfig>, DiscoveryError> {
+    let Value::Object(obj) = entry else {
+        return Err(DiscoveryError::Shape("source entry is not an object"));
+    };
+    if str_field(obj, "transport", "transport is not a string")?.is_some_and(|t| t != "zmq") {
+        return Ok(None);
+    }
+    let Some(ep) = str_field(obj, "endpoint", "endpoint is not a string")? else {
+        return Ok(None); // no publisher for this rank
+    };
+    let rank = u32_field(obj, "data_parallel_rank", "data_parallel_rank is not a u32")?.unwrap_or(default_rank);
+    if rank >= MAX_DATA_PARALLEL {
+        return Err(DiscoveryError::TooManyRanks(u64::from(rank) + 1));
+    }
+    let replay = str_field(obj, "replay_endpoint", "replay_endpoint is not a string")?;
+    let topic = str_field(obj, "topic", "topic is not a string")?.unwrap_or("");
+    let mut cfg = FeedConfig::from_engine_config(worker_host, ep, replay, topic)?;
+    cfg.dp_rank = rank;
+    check_host(&cfg.endpoint, worker_host, allowed_hosts)?;
+    if let Some(r) = &cfg.replay_endpoint {
+        check_host(r, worker_host, allowed_hosts)?;
+    }
+    Ok(Some(cfg))
+}
+
+fn same_host(a: &str, b: &str) -> bool {
+    let strip = |h: &str| h.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(h).to_owned();
+    strip(a).eq_ignore_ascii_case(&strip(b))
+}
+
+/// Refuses an endpoint that would make the router connect somewhere the worker does not live.
+fn check_host(ep: &str, worker_host: &str, allowed_hosts: &[String]) -> Result<(), DiscoveryError> {
+    let ok = match Endpoint::parse(ep)? {
+        Endpoint::Tcp { host, .. } => {
+            same_host(&host, worker_host) || allowed_hosts.iter().any(|a| same_host(&host, a))
+        }
+        // A path on the router's machine: only meaningful when the worker is local.
+        Endpoint::Ipc(_) => ["localhost", "127.0.0.1", "::1"].iter().any(|l| same_host(worker_host, l)),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(DiscoveryError::ForeignHost(ep.to_owned()))
+    }
 }
 
 /// SGLang's `kv_events` discovery object, resolved into feeds.
@@ -121,20 +204,29 @@ pub struct SglangKvEvents {
 }
 
 /// Parses the body of SGLang's `GET /server_info`. `Ok(None)` when it has no usable `kv_events` object
-/// (absent, or the publisher is not `zmq`).
-pub fn parse_sglang_server_info(body: &[u8], worker_host: &str) -> Result<Option<SglangKvEvents>, DiscoveryError> {
+/// (absent, or the publisher is not `zmq`). `endpoint_host` must be `worker_host` (or a wildcard) or one of
+/// `allowed_hosts`.
+pub fn parse_sglang_server_info(
+    body: &[u8],
+    worker_host: &str,
+    allowed_hosts: &[String],
+) -> Result<Option<SglangKvEvents>, DiscoveryError> {
     let doc = parse_json(body)?;
     let Value::Object(obj) = &doc else {
         return Err(DiscoveryError::Shape("server_info is not an object"));
     };
     match obj.get("kv_events") {
         None | Some(Value::Null) => Ok(None),
-        Some(kv) => sglang_kv_events(kv, worker_host),
+        Some(kv) => sglang_kv_events(kv, worker_host, allowed_hosts),
     }
 }
 
 /// Resolves SGLang's `kv_events` object itself. `Ok(None)` when the publisher is not `zmq`.
-pub fn sglang_kv_events(kv: &Value, worker_host: &str) -> Result<Option<SglangKvEvents>, DiscoveryError> {
+pub fn sglang_kv_events(
+    kv: &Value,
+    worker_host: &str,
+    allowed_hosts: &[String],
+) -> Result<Option<SglangKvEvents>, DiscoveryError> {
     let Value::Object(obj) = kv else {
         return Err(DiscoveryError::Shape("kv_events is not an object"));
     };
@@ -144,11 +236,17 @@ pub fn sglang_kv_events(kv: &Value, worker_host: &str) -> Result<Option<SglangKv
     let host = str_field(obj, "endpoint_host", "endpoint_host is not a string")?
         .ok_or(DiscoveryError::Shape("endpoint_host missing"))?;
     let host = if endpoint::is_wildcard_host(host) { worker_host } else { host };
+    if !same_host(host, worker_host) && !allowed_hosts.iter().any(|a| same_host(host, a)) {
+        return Err(DiscoveryError::ForeignHost(host.to_owned()));
+    }
     let base = u32_field(obj, "endpoint_port_base", "endpoint_port_base is not a port")?
         .ok_or(DiscoveryError::Shape("endpoint_port_base missing"))?;
     let replay_base = u32_field(obj, "replay_endpoint_port_base", "replay_endpoint_port_base is not a port")?;
     let load_base = u32_field(obj, "load_endpoint_port_base", "load_endpoint_port_base is not a port")?;
     let dp_size = u32_field(obj, "dp_size", "dp_size is not a u32")?.unwrap_or(1).max(1);
+    if dp_size > MAX_DATA_PARALLEL {
+        return Err(DiscoveryError::TooManyRanks(u64::from(dp_size)));
+    }
     let topic = str_field(obj, "topic", "topic is not a string")?.unwrap_or("");
     let port = |base: u32, rank: u32| -> Result<u16, DiscoveryError> {
         match base.checked_add(rank).and_then(|p| u16::try_from(p).ok()) {
@@ -184,7 +282,7 @@ mod tests {
     fn vllm_bare_array() {
         let body =
             br#"[{"data_parallel_rank": 0, "endpoint": "tcp://10.0.0.1:5557", "replay_endpoint": null, "topic": ""}]"#;
-        let feeds = parse_vllm_kv_event_sources(body, "worker-a").unwrap();
+        let feeds = parse_vllm_kv_event_sources(body, "worker-a", &["10.0.0.1".into()]).unwrap();
         assert_eq!(feeds.len(), 1);
         assert_eq!(feeds[0].endpoint, "tcp://10.0.0.1:5557");
         assert_eq!(feeds[0].replay_endpoint, None);
@@ -200,7 +298,7 @@ mod tests {
             {"data_parallel_rank": 0, "endpoint": "tcp://*:41001", "replay_endpoint": "tcp://0.0.0.0:41003",
              "topic": "kv-events"}
         ], "version": 2}"#;
-        let feeds = parse_vllm_kv_event_sources(body, "10.1.1.1").unwrap();
+        let feeds = parse_vllm_kv_event_sources(body, "10.1.1.1", &[]).unwrap();
         assert_eq!(feeds.iter().map(|f| f.dp_rank).collect::<Vec<_>>(), vec![0, 1]);
         assert_eq!(feeds[0].endpoint, "tcp://10.1.1.1:41001");
         assert_eq!(feeds[0].replay_endpoint.as_deref(), Some("tcp://10.1.1.1:41003"));
@@ -212,14 +310,14 @@ mod tests {
     fn vllm_ipv6_worker_host_and_skips() {
         let body = br#"[{"endpoint": "tcp://[::]:5557"}, {"data_parallel_rank": 1, "endpoint": null},
                         {"data_parallel_rank": 2, "transport": "nats", "endpoint": "nats://x"}]"#;
-        let feeds = parse_vllm_kv_event_sources(body, "fd00::2").unwrap();
+        let feeds = parse_vllm_kv_event_sources(body, "fd00::2", &[]).unwrap();
         assert_eq!(feeds.len(), 1);
         assert_eq!(feeds[0].endpoint, "tcp://[fd00::2]:5557");
     }
 
     #[test]
     fn vllm_errors() {
-        let err = |b: &[u8]| parse_vllm_kv_event_sources(b, "h").unwrap_err().label();
+        let err = |b: &[u8]| parse_vllm_kv_event_sources(b, "h", &[]).unwrap_err().label();
         assert_eq!(err(b"not json"), "not_json");
         assert_eq!(err(b"{}"), "bad_shape");
         assert_eq!(err(b"[1]"), "bad_shape");
@@ -235,7 +333,7 @@ mod tests {
             "publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv",
             "block_size": 32, "dp_size": 2, "replay_endpoint_port_base": 6557,
             "load_endpoint_port_base": 7557, "load_topic": "load", "future_field": true}}"#;
-        let kv = parse_sglang_server_info(body, "10.0.0.9").unwrap().unwrap();
+        let kv = parse_sglang_server_info(body, "10.0.0.9", &[]).unwrap().unwrap();
         assert_eq!(kv.block_size, Some(32));
         assert_eq!(kv.feeds.len(), 2);
         assert_eq!(kv.feeds[1].endpoint, "tcp://10.0.0.9:5558");
@@ -249,21 +347,21 @@ mod tests {
     #[test]
     fn sglang_minimal_and_absent() {
         let body = br#"{"kv_events": {"endpoint_host": "worker-3", "endpoint_port_base": 5557}}"#;
-        let kv = parse_sglang_server_info(body, "ignored").unwrap().unwrap();
+        let kv = parse_sglang_server_info(body, "WORKER-3", &[]).unwrap().unwrap();
         assert_eq!(kv.feeds.len(), 1);
         assert_eq!(kv.feeds[0].endpoint, "tcp://worker-3:5557");
         assert_eq!(kv.feeds[0].replay_endpoint, None);
         assert_eq!(kv.block_size, None);
         assert!(kv.load_endpoints.is_empty());
-        assert_eq!(parse_sglang_server_info(br#"{"page_size": 1}"#, "h").unwrap(), None);
-        assert_eq!(parse_sglang_server_info(br#"{"kv_events": null}"#, "h").unwrap(), None);
+        assert_eq!(parse_sglang_server_info(br#"{"page_size": 1}"#, "h", &[]).unwrap(), None);
+        assert_eq!(parse_sglang_server_info(br#"{"kv_events": null}"#, "h", &[]).unwrap(), None);
         let null_pub = br#"{"kv_events": {"publisher": "null", "endpoint_host": "h", "endpoint_port_base": 1}}"#;
-        assert_eq!(parse_sglang_server_info(null_pub, "h").unwrap(), None);
+        assert_eq!(parse_sglang_server_info(null_pub, "h", &[]).unwrap(), None);
     }
 
     #[test]
     fn sglang_errors() {
-        let err = |b: &[u8]| parse_sglang_server_info(b, "h").unwrap_err().label();
+        let err = |b: &[u8]| parse_sglang_server_info(b, "h", &[]).unwrap_err().label();
         assert_eq!(err(b"[]"), "bad_shape");
         assert_eq!(err(br#"{"kv_events": 1}"#), "bad_shape");
         assert_eq!(err(br#"{"kv_events": {"endpoint_port_base": 1}}"#), "bad_shape");
@@ -273,5 +371,54 @@ mod tests {
             "bad_shape"
         );
         assert_eq!(err(b"{"), "not_json");
+    }
+
+    #[test]
+    fn vllm_object_keyed_by_rank() {
+        // vLLM 0.32–0.34's shape: the key is the rank.
+        let body = br#"{"1": {"endpoint": "tcp://*:5558", "replay_endpoint": null, "topic": "kv"},
+                         "0": {"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", "topic": "kv"}}"#;
+        let feeds = parse_vllm_kv_event_sources(body, "10.0.0.7", &[]).unwrap();
+        assert_eq!(feeds.iter().map(|f| f.dp_rank).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(feeds[0].endpoint, "tcp://10.0.0.7:5557");
+        assert_eq!(feeds[0].replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5600"));
+        assert_eq!(feeds[1].endpoint, "tcp://10.0.0.7:5558");
+        assert_eq!(feeds[1].replay_endpoint, None);
+        let err = parse_vllm_kv_event_sources(br#"{"zero": {"endpoint": "tcp://*:1"}}"#, "h", &[]).unwrap_err();
+        assert_eq!(err.label(), "bad_shape");
+    }
+
+    #[test]
+    fn rank_bounds() {
+        let entries: Vec<String> = (0..=MAX_DATA_PARALLEL)
+            .map(|r| format!(r#"{{"data_parallel_rank": {r}, "endpoint": "tcp://*:{}"}}"#, 5000 + r))
+            .collect();
+        let body = format!("[{}]", entries.join(","));
+        let err = |b: &[u8]| parse_vllm_kv_event_sources(b, "h", &[]).unwrap_err().label();
+        assert_eq!(err(body.as_bytes()), "too_many_ranks");
+        let body = format!("[{}]", entries[..MAX_DATA_PARALLEL as usize].join(","));
+        assert_eq!(parse_vllm_kv_event_sources(body.as_bytes(), "h", &[]).unwrap().len(), 64);
+        assert_eq!(err(br#"{"64": {"endpoint": "tcp://*:1"}}"#), "too_many_ranks");
+        assert_eq!(err(br#"[{"data_parallel_rank": 4000000000, "endpoint": "tcp://*:1"}]"#), "too_many_ranks");
+        let sglang = br#"{"kv_events": {"endpoint_host": "*", "endpoint_port_base": 1000, "dp_size": 65}}"#;
+        assert_eq!(parse_sglang_server_info(sglang, "h", &[]).unwrap_err().label(), "too_many_ranks");
+    }
+
+    #[test]
+    fn foreign_hosts_are_refused_unless_allowed() {
+        let err =
+            |b: &[u8], allowed: &[String]| parse_vllm_kv_event_sources(b, "10.0.0.7", allowed).unwrap_err().label();
+        let body = br#"[{"endpoint": "tcp://169.254.169.254:80"}]"#;
+        assert_eq!(err(body, &[]), "foreign_host");
+        assert_eq!(parse_vllm_kv_event_sources(body, "10.0.0.7", &["169.254.169.254".into()]).unwrap().len(), 1);
+        assert_eq!(err(br#"[{"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://evil:1"}]"#, &[]), "foreign_host");
+        assert_eq!(err(br#"[{"endpoint": "ipc:///run/x.sock"}]"#, &[]), "foreign_host");
+        let ipc = parse_vllm_kv_event_sources(br#"[{"endpoint": "ipc:///run/x.sock"}]"#, "localhost", &[]).unwrap();
+        assert_eq!(ipc[0].endpoint, "ipc:///run/x.sock");
+        let v6 = parse_vllm_kv_event_sources(br#"[{"endpoint": "tcp://[FD00::2]:5557"}]"#, "fd00::2", &[]).unwrap();
+        assert_eq!(v6.len(), 1);
+        let sglang = br#"{"kv_events": {"endpoint_host": "other", "endpoint_port_base": 5557}}"#;
+        assert_eq!(parse_sglang_server_info(sglang, "worker", &[]).unwrap_err().label(), "foreign_host");
+        assert!(parse_sglang_server_info(sglang, "worker", &["other".into()]).unwrap().is_some());
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! * [`decode`]: msgpack payload → typed [`EventBatch`] / [`KvEvent`], for every engine version's wire
 //!   shape (positional arrays and tagged maps).
-//! * [`feed`]: one subscription per publisher (worker × data-parallel rank): ZMQ SUB, sequence tracking,
+//! * [`feed`]: one subscription per publisher (worker × data-parallel rank): ZMQ SUB through the crate's own
+//!   bounded ZMTP client (every frame size-checked before allocation), sequence tracking,
 //!   gap replay through the engine's ROUTER, restart / resync detection, reconnects. Emits
 //!   [`FeedEvent`]s on a bounded channel and keeps counters the caller can turn into metrics.
 //! * [`endpoint`]: pure helpers for endpoint strings (wildcard host substitution, data-parallel port

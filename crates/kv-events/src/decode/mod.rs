@@ -21,12 +21,17 @@
 
 use rmpv::ValueRef;
 
+mod scan;
 #[cfg(test)]
 mod tests;
 
 /// Maximum msgpack nesting accepted. The deepest legitimate payload nests about 8 levels
 /// (batch → events → event → extra_keys → block → `[id, offset]` → string).
 const MAX_DEPTH: usize = 32;
+/// Maximum number of msgpack values in one payload. rmpv builds one `ValueRef` (tens of bytes) per
+/// value, so this bounds the decoder's memory at a few dozen MiB whatever the payload size. A batch for a
+/// 128k-token prompt has about 140 000 values.
+pub const MAX_VALUES: usize = 1 << 20;
 
 /// Block-level kinds of KV-cache groups that count as "main attention" (see [`BlockStored::is_main_attention`]).
 pub const MAIN_ATTENTION_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
@@ -242,6 +247,12 @@ pub enum DecodeError {
     /// A complete msgpack value was followed by more bytes.
     #[error("{0} trailing bytes after the msgpack batch")]
     TrailingBytes(usize),
+    /// The payload holds more than [`MAX_VALUES`] msgpack values.
+    #[error("payload has more than {MAX_VALUES} msgpack values")]
+    TooManyValues,
+    /// The batch timestamp is NaN or infinite.
+    #[error("batch timestamp is not finite")]
+    BadTimestamp,
     /// The top-level value is neither an array nor a map.
     #[error("batch is not a msgpack array (or map)")]
     BatchNotArray,
@@ -269,12 +280,14 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    /// A stable snake_case label for metrics: `not_msgpack`, `trailing_bytes`, `batch_not_array`,
-    /// `bad_batch`, `bad_event` or `bad_field`.
+    /// A stable snake_case label for metrics: `not_msgpack`, `trailing_bytes`, `too_many_values`,
+    /// `bad_timestamp`, `batch_not_array`, `bad_batch`, `bad_event` or `bad_field`.
     pub fn label(&self) -> &'static str {
         match self {
             DecodeError::NotMsgpack(_) => "not_msgpack",
             DecodeError::TrailingBytes(_) => "trailing_bytes",
+            DecodeError::TooManyValues => "too_many_values",
+            DecodeError::BadTimestamp => "bad_timestamp",
             DecodeError::BatchNotArray => "batch_not_array",
             DecodeError::BadBatch(_) => "bad_batch",
             DecodeError::BadEvent { .. } => "bad_event",
@@ -285,6 +298,7 @@ impl DecodeError {
 
 /// Decodes one msgpack `EventBatch` payload.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
+    scan::check(payload, MAX_VALUES)?;
     let mut rd = payload;
     let root = rmpv::decode::read_value_ref_with_max_depth(&mut rd, MAX_DEPTH)
         .map_err(|e| DecodeError::NotMsgpack(e.to_string()))?;
@@ -316,6 +330,10 @@ fn decode_batch_value(root: &ValueRef<'_>) -> Result<EventBatch, DecodeError> {
         Some(_) => return Err(DecodeError::BadBatch("ts is not a number")),
         None => return Err(DecodeError::BadBatch("ts missing")),
     };
+    // A NaN or infinite ts would poison the consumer's lag statistics for good.
+    if !ts.is_finite() {
+        return Err(DecodeError::BadTimestamp);
+    }
     let events = match events {
         Some(ValueRef::Array(events)) => events,
         Some(_) => return Err(DecodeError::BadBatch("events is not an array")),

@@ -685,3 +685,73 @@ proptest! {
         prop_assert_eq!(rm.block_hashes[1].id(), sh as u64);
     }
 }
+
+#[test]
+fn non_finite_timestamps_are_refused() {
+    for ts in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let bytes = enc(&arr(vec![Value::F64(ts), arr(vec![]), u(0)]));
+        assert_eq!(decode_batch(&bytes).unwrap_err().label(), "bad_timestamp", "{ts}");
+    }
+    let bytes = enc(&arr(vec![Value::F32(f32::NAN), arr(vec![])]));
+    assert_eq!(decode_batch(&bytes).unwrap_err().label(), "bad_timestamp");
+}
+
+#[test]
+fn declared_lengths_beyond_the_payload_are_refused_up_front() {
+    // map32 / str32 / bin32 / ext32 claiming 4 billion, with a few bytes after.
+    for header in [&[0xdf][..], &[0xdb], &[0xc6], &[0xc9]] {
+        let mut bytes = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
+        assert_eq!(decode_batch(&bytes).unwrap_err().label(), "not_msgpack", "{header:x?}");
+    }
+}
+
+#[test]
+fn too_many_values_are_refused_before_decoding() {
+    // One array of MAX_VALUES + 1 nils: a valid msgpack value rmpv would expand ~30-fold.
+    let n = super::MAX_VALUES as u32 + 1;
+    let mut bytes = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd];
+    bytes.extend_from_slice(&n.to_be_bytes());
+    bytes.resize(bytes.len() + n as usize, 0xc0);
+    assert_eq!(decode_batch(&bytes).unwrap_err().label(), "too_many_values");
+}
+
+/// Fixtures to mutate: every payload in `fixtures/payloads`.
+fn fixture_payloads() -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/payloads");
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Mutated real payloads (byte flips, insertions, truncation): no panic, quick answer, and the
+    /// pre-scan agrees with rmpv (a payload it accepts decodes or fails with a decoder label).
+    #[test]
+    fn mutated_fixtures_never_panic(
+        pick in any::<usize>(),
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+        insert in proptest::option::of((any::<usize>(), proptest::collection::vec(any::<u8>(), 1..12))),
+        cut in any::<usize>(),
+    ) {
+        let payloads = fixture_payloads();
+        let mut bytes = payloads[pick % payloads.len()].clone();
+        if let Some((at, extra)) = insert {
+            let at = at % (bytes.len() + 1);
+            bytes.splice(at..at, extra);
+        }
+        for (at, b) in flips {
+            if !bytes.is_empty() {
+                let at = at % bytes.len();
+                bytes[at] = b;
+            }
+        }
+        bytes.truncate(cut % (bytes.len() + 2));
+        let started = std::time::Instant::now();
+        let _ = decode_batch(&bytes);
+        prop_assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+}

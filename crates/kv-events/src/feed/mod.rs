@@ -20,10 +20,18 @@
 //! Counters (messages, malformed, gaps, replays, resyncs, restarts, …) are readable at any time through
 //! [`FeedHandle::stats`]; the caller turns them into metrics. Dropping the [`FeedHandle`] stops the task.
 //!
-//! **Reconnects.** `zeromq` 0.7 SUB sockets reconnect and resubscribe by themselves, but with a backoff
-//! that grows to 30 s and is not configurable. The feed therefore also recreates the socket itself when
-//! the connection stays down longer than [`FeedConfig::reconnect_interval_max`], retrying with its own
-//! capped backoff.
+//! **Connections and limits.** The feed speaks ZMTP itself (module `zmtp`, private; the pure-Rust
+//! `zeromq` crate enforces no frame or message size, so a 9-byte header could abort the process). Every
+//! frame is checked against [`FeedConfig::max_message_bytes`] and [`FeedConfig::max_frames`] before memory
+//! is reserved for it; live batches held during a replay are capped by count and by
+//! [`FeedConfig::max_replay_buffer_bytes`]. One attacked feed therefore holds about `max_message_bytes`
+//! per connection plus the replay budget. A peer that breaks the protocol or a limit loses its connection;
+//! the refusal is counted in [`FeedStats::protocol_violations_by_reason`] and logged at WARN, the first of
+//! each kind in full and then at most one summary line per 10 s (malformed messages likewise).
+//!
+//! **Reconnects.** A lost connection is re-established with the feed's own exponential backoff (100 ms,
+//! doubling, capped at [`FeedConfig::reconnect_interval_max`]; reset once a connection delivered a
+//! message). After a protocol violation the feed waits the full cap before trying again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +48,8 @@ pub mod replay;
 mod task;
 mod tracker;
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod socket_tests;
 
@@ -522,6 +532,17 @@ mod tests {
         let mut c = FeedConfig::new("tcp://h:1");
         c.channel_capacity = 0;
         assert_eq!(c.validate(), Err(FeedConfigError::Invalid("channel_capacity must be > 0")));
+        let base = FeedConfig::new("tcp://h:1");
+        assert_eq!((base.max_message_bytes, base.max_frames, base.max_replay_buffer_bytes), (16 << 20, 8, 32 << 20));
+        for bad in [
+            FeedConfig { max_message_bytes: 0, ..base.clone() },
+            FeedConfig { max_message_bytes: MAX_MESSAGE_BYTES_CAP + 1, ..base.clone() },
+            FeedConfig { max_frames: 3, ..base.clone() },
+            FeedConfig { max_frames: 65, ..base.clone() },
+            FeedConfig { max_replay_buffer_bytes: 0, ..base.clone() },
+        ] {
+            assert!(matches!(bad.validate(), Err(FeedConfigError::Invalid(_))), "{bad:?}");
+        }
     }
 
     #[test]

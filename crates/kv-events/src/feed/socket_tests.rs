@@ -15,7 +15,7 @@ use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessag
 use super::*;
 use crate::decode::KvEvent;
 
-const WAIT: Duration = Duration::from_secs(5);
+pub(super) const WAIT: Duration = Duration::from_secs(5);
 
 /// Reply layout of the fake replay ROUTER.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -186,7 +186,7 @@ async fn serve_replay(
 }
 
 /// A vLLM 0.23-style batch whose ts and block hash identify `n`.
-fn payload(n: u64) -> Bytes {
+pub(super) fn payload(n: u64) -> Bytes {
     let ev = Value::Array(vec![
         Value::from("BlockStored"),
         Value::Array(vec![Value::from(n)]),
@@ -202,12 +202,12 @@ fn payload(n: u64) -> Bytes {
     Bytes::from(buf)
 }
 
-async fn next(rx: &mut mpsc::Receiver<FeedEvent>) -> FeedEvent {
+pub(super) async fn next(rx: &mut mpsc::Receiver<FeedEvent>) -> FeedEvent {
     tokio::time::timeout(WAIT, rx.recv()).await.expect("timed out waiting for a feed event").expect("feed ended")
 }
 
 /// Expects a batch with the given seq (and `payload(seq)` content).
-async fn expect_batch(rx: &mut mpsc::Receiver<FeedEvent>, seq: u64, replayed: bool) {
+pub(super) async fn expect_batch(rx: &mut mpsc::Receiver<FeedEvent>, seq: u64, replayed: bool) {
     match next(rx).await {
         FeedEvent::Batch { seq: s, batch, replayed: r } => {
             assert_eq!((s, r), (seq, replayed), "unexpected batch");
@@ -219,14 +219,14 @@ async fn expect_batch(rx: &mut mpsc::Receiver<FeedEvent>, seq: u64, replayed: bo
     }
 }
 
-async fn expect_reset(rx: &mut mpsc::Receiver<FeedEvent>, reason: ResetReason) {
+pub(super) async fn expect_reset(rx: &mut mpsc::Receiver<FeedEvent>, reason: ResetReason) {
     match next(rx).await {
         FeedEvent::Reset { reason: r } => assert_eq!(r, reason),
         other => panic!("expected reset {reason:?}, got {other:?}"),
     }
 }
 
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

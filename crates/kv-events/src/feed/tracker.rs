@@ -294,7 +294,12 @@ mod tests {
 
     impl Harness {
         fn new(replay_enabled: bool) -> Self {
-            Self::with(TrackerConfig { replay_enabled, reset_on_reconnect: true, max_replay_buffer: 4, max_replay_buffer_bytes: 1000 })
+            Self::with(TrackerConfig {
+                replay_enabled,
+                reset_on_reconnect: true,
+                max_replay_buffer: 4,
+                max_replay_buffer_bytes: 1000,
+            })
         }
 
         fn with(cfg: TrackerConfig) -> Self {
@@ -590,8 +595,12 @@ mod tests {
 
     #[test]
     fn reconnect_without_reset_uses_seq_rules() {
-        let mut h =
-            Harness::with(TrackerConfig { replay_enabled: false, reset_on_reconnect: false, max_replay_buffer: 4, max_replay_buffer_bytes: 1000 });
+        let mut h = Harness::with(TrackerConfig {
+            replay_enabled: false,
+            reset_on_reconnect: false,
+            max_replay_buffer: 4,
+            max_replay_buffer_bytes: 1000,
+        });
         h.live(0);
         h.disconnect();
         assert_eq!(h.live(1), vec![live(1)]);

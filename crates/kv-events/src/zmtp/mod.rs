@@ -130,10 +130,7 @@ impl ZmtpError {
     /// Whether the peer broke the protocol or a limit (as opposed to a network failure or an orderly
     /// close). Such a peer is retried only after a penalty backoff.
     pub fn is_violation(&self) -> bool {
-        !matches!(
-            self,
-            ZmtpError::Connect(_) | ZmtpError::ConnectTimeout | ZmtpError::Io(_) | ZmtpError::Closed
-        )
+        !matches!(self, ZmtpError::Connect(_) | ZmtpError::ConnectTimeout | ZmtpError::Io(_) | ZmtpError::Closed)
     }
 
     fn io(e: std::io::Error) -> Self {
@@ -187,7 +184,8 @@ pub(crate) async fn connect(
     limits: Limits,
     connect_timeout: Duration,
 ) -> Result<ZmtpSocket<Box<dyn Stream>>, ZmtpError> {
-    let stream = tokio::time::timeout(connect_timeout, open(endpoint)).await.map_err(|_| ZmtpError::ConnectTimeout)??;
+    let stream =
+        tokio::time::timeout(connect_timeout, open(endpoint)).await.map_err(|_| ZmtpError::ConnectTimeout)??;
     ZmtpSocket::handshake(stream, ty, subscription, limits).await
 }
 
@@ -243,7 +241,8 @@ impl<S: Stream> ZmtpSocket<S> {
             SocketType::Sub => &[],
             SocketType::Dealer => &[("Identity", b"")],
         };
-        let props: Vec<(&str, &[u8])> = [("Socket-Type", ty.name())].into_iter().chain(identity.iter().copied()).collect();
+        let props: Vec<(&str, &[u8])> =
+            [("Socket-Type", ty.name())].into_iter().chain(identity.iter().copied()).collect();
         codec::encode_command(&mut ready, b"READY", &codec::ready_body(&props));
         self.wr.write_all(&ready).await.map_err(ZmtpError::io)?;
         self.wr.flush().await.map_err(ZmtpError::io)?;
