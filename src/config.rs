@@ -19,6 +19,7 @@ use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{Engine, RoutingConfig, WorkerSpec};
+use mmrouter_kv_events::discovery::MAX_DATA_PARALLEL;
 use serde::Deserialize;
 
 use crate::retry::RetryConfig;
@@ -720,8 +721,12 @@ pub fn check_worker_url(url: &str) -> anyhow::Result<()> {
 
 fn worker_settings(i: usize, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
     let spec = WorkerSpec { name: w.name.clone(), url: w.url.clone(), engine: w.engine };
-    if !(1..=64).contains(&w.data_parallel_size) {
-        anyhow::bail!("workers[{i}].data_parallel_size must be in 1..=64 (got {})", w.data_parallel_size);
+    // The same cap as a discovered document's (a worker is not trusted with more feeds either way).
+    if !(1..=MAX_DATA_PARALLEL).contains(&w.data_parallel_size) {
+        anyhow::bail!(
+            "workers[{i}].data_parallel_size must be in 1..={MAX_DATA_PARALLEL} (got {})",
+            w.data_parallel_size
+        );
     }
     let check = |key: &str, ep: &str| {
         mmrouter_kv_events::endpoint::Endpoint::parse(ep)

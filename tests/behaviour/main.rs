@@ -10,6 +10,7 @@ mod count_cli;
 mod faults;
 mod gate;
 mod harness;
+mod hostile_feeds;
 mod kv_events;
 mod limits;
 mod metrics_format;
