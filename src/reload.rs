@@ -6,7 +6,7 @@
 //! is rebuilt (a new model version: fresh pipeline and index); in a kept pool, workers added, removed
 //! (drained first, removed once idle) or replaced when their URL, engine or event settings changed.
 //! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
-//! untouched. `[server]`, `[auth]` and `[retries]` are built once at start: a reload that changes them
+//! untouched. `[server]`, `[auth]`, `[retries]` and `[kv_events]` are built once at start: a reload that changes them
 //! is refused, naming what needs a restart.
 
 use std::path::{Path, PathBuf};
@@ -93,6 +93,7 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
         ("[server]", !same(&old.server, &new.server)),
         ("[auth]", !same(&old.auth, &new.auth)),
         ("[retries]", !same(&old.retries, &new.retries)),
+        ("[kv_events]", !same(&old.kv_events, &new.kv_events)),
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));
