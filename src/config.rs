@@ -793,6 +793,11 @@ mod tests {
             ("[model]\nchat_template = \"/nonexistent/t.jinja\"\n", "model.chat_template"),
             ("[model]\nbogus = 1\n", "bogus"),
             ("[server]\nlisten = 5\n", "listen"),
+            ("[kv_events]\nmax_message_bytes = 100\n", "kv_events.max_message_bytes"),
+            ("[kv_events]\nmax_replay_buffer_bytes = 4294967296\n", "kv_events.max_replay_buffer_bytes"),
+            ("[kv_events]\ndiscovery_max_bytes = 0\n", "kv_events.discovery_max_bytes"),
+            ("[kv_events]\ndiscovery_allow_hosts = [\"\"]\n", "kv_events.discovery_allow_hosts"),
+            ("[kv_events]\nmax_frames = 8\n", "max_frames"),
         ];
         for (extra, key) in cases {
             let err = Settings::parse(&format!("{extra}{MIN}")).unwrap_err().to_string();
@@ -808,6 +813,7 @@ mod tests {
             ("kv_events = \"http://x\"\n", "workers[0].kv_events"),
             ("kv_events_replay = \"tcp://127.0.0.1:5558\"\n", "workers[0].kv_events_replay"),
             ("data_parallel_size = 0\n", "workers[0].data_parallel_size"),
+            ("data_parallel_size = 65\n", "workers[0].data_parallel_size"),
             ("engine = \"tgi\"\n", "engine"),
         ] {
             let err = Settings::parse(&format!("{MIN}{extra}")).unwrap_err().to_string();
