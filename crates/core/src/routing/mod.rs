@@ -115,7 +115,7 @@ pub enum RoutingError {
     DuplicateWorker { name: String },
     #[error("every worker slot is held by a removed worker still finishing its requests; retry shortly")]
     NoFreeSlot,
-    #[error("worker id {0} is not a worker of this pool in rotation")]
+    #[error("worker id {0} is not a live worker of this pool")]
     UnknownWorker(usize),
     #[error("routing.{0}")]
     Ejection(#[from] EjectionError),
@@ -211,6 +211,11 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The candidates' workers, in `candidates` order.
+    pub fn candidate_workers(&self) -> &[Arc<Worker>] {
+        &self.held
+    }
+
     /// The policy's pick.
     pub fn worker(&self) -> usize {
         self.candidates[0]
@@ -238,6 +243,8 @@ pub struct Router {
     index: BlockIndex,
     policy: Box<dyn Policy>,
     ejection: EjectionConfig,
+    /// Most `Event` entries one worker may hold (`RoutingConfig::worker_share_blocks`).
+    share: usize,
 }
 
 /// A validated set of worker changes for one router, holding its worker list locked until it is
@@ -301,8 +308,15 @@ impl Router {
             index,
             workers: parking_lot::RwLock::new(workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect()),
             policy,
+            share: cfg.worker_share_blocks(),
             ejection: cfg.ejection,
         })
+    }
+
+    /// Most `Event` entries one worker may hold in the index: a worker's event state never needs to
+    /// track more blocks than this.
+    pub fn worker_share(&self) -> usize {
+        self.share
     }
 
     /// Every slot's worker, removed ones included until their slot is reused (see
@@ -342,7 +356,7 @@ impl Router {
         Ok(self.change(&[], vec![spec])?.commit()[0])
     }
 
-    /// Prepares, all or nothing, retiring the workers `retire` (ids of workers in rotation) and adding
+    /// Prepares, all or nothing, retiring the workers `retire` (ids of workers not removed) and adding
     /// `add`: names unique among the workers staying in rotation, at most [`MAX_WORKERS`] workers not
     /// removed, a free slot for each addition. Nothing changes until [`Change::commit`]; the worker list
     /// stays locked meanwhile, so the checks still hold then (a caller changing several routers
@@ -350,7 +364,7 @@ impl Router {
     pub fn change(&self, retire: &[usize], add: Vec<WorkerSpec>) -> Result<Change<'_>, RoutingError> {
         let workers = self.workers.write();
         for &id in retire {
-            if !workers.get(id).is_some_and(|w| w.in_rotation()) {
+            if workers.get(id).is_none_or(|w| w.is_removed()) {
                 return Err(RoutingError::UnknownWorker(id));
             }
         }
