@@ -780,7 +780,10 @@ mod tests {
 
     #[test]
     fn worker_names_are_bounded_and_printable() {
-        let with_name = |name: &str| format!("[[workers]]\nname = {name:?}\nurl = \"http://127.0.0.1:1\"\n");
+        let with_name = |name: &str| {
+            let quoted = toml::Value::String(name.to_owned()).to_string();
+            format!("[[workers]]\nname = {quoted}\nurl = \"http://127.0.0.1:1\"\n")
+        };
         for bad in ["", "   ", "a\u{7}b", " padded", "x\ny"] {
             let err = Settings::parse(&with_name(bad)).unwrap_err().to_string();
             assert!(err.contains("workers[0].name"), "{bad:?}: {err}");
