@@ -706,4 +706,30 @@ mod tests {
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));
     }
+
+    #[test]
+    fn a_removed_workers_series_go_and_families_stay_single() {
+        let (o, r) = (Observer::new(), router());
+        o.upstream("w0", "200");
+        o.upstream("w1", "200");
+        o.ejected("w1");
+        let page = o.render([("p", &r, &[][..])]);
+        assert_eq!(sample(&page, "mmrouter_upstream_requests_total{worker=\"w1\",status=\"200\"}"), Some(1.0));
+        for family in [UPSTREAM_REQUESTS_TOTAL, WORKER_STATE, WORKER_INFO] {
+            let headers = page
+                .lines()
+                .filter(|l| {
+                    *l == format!(
+                        "# TYPE {family} {}",
+                        if family == UPSTREAM_REQUESTS_TOTAL { "counter" } else { "gauge" }
+                    )
+                })
+                .count();
+            assert_eq!(headers, 1, "{family} once: {page}");
+        }
+        r.remove(1);
+        let page = o.render([("p", &r, &[][..])]);
+        assert!(!page.contains("worker=\"w1\""), "{page}");
+        assert_eq!(sample(&page, "mmrouter_upstream_requests_total{worker=\"w0\",status=\"200\"}"), Some(1.0));
+    }
 }
