@@ -9,8 +9,12 @@
 //! ```
 //!
 //! With `[auth] admin_keys` these need an admin key (the auth layer); without, only loopback clients
-//! may call them. Workers added here have no KV-event feed (approximate routing) and last until the
-//! process ends: the config file stays the source of truth across restarts.
+//! may call them. A new worker is a `[[workers]]` entry as JSON, validated by the same rules as the
+//! config file (`config::worker_settings`: name 1–128 bytes without control characters, http(s) URL,
+//! `kv_events` and the other event keys): a 400 `invalid_worker` names the key. With `kv_events` its
+//! feed starts at once. Workers added here last until the process ends: the config file stays the
+//! source of truth across restarts. Each change takes the state's change lock (`AppState::running`),
+//! so it is checked against what is in force and applied whole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,9 +25,11 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mmrouter_core::routing::{Engine, Router, WorkerSpec};
+use bytes::Bytes;
+use mmrouter_core::routing::{Router, Worker};
 use serde_json::{json, Value};
 
+use crate::config::WorkerSection;
 use crate::error::ApiError;
 use crate::state::{AppState, Pool};
 
@@ -83,39 +89,36 @@ fn workers_json(router: &Router) -> Vec<Value> {
         .collect()
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewWorker {
-    name: String,
-    url: String,
-    #[serde(default)]
-    engine: Engine,
-}
-
-async fn add(State(st): State<Arc<AppState>>, Path(pool): Path<String>, Json(new): Json<NewWorker>) -> Response {
+async fn add(State(st): State<Arc<AppState>>, Path(pool): Path<String>, body: Bytes) -> Response {
+    let new: WorkerSection = match serde_json::from_slice(&body) {
+        Ok(w) => w,
+        Err(e) => return ApiError::bad_request("invalid_worker", format!("worker: {e}")).into_response(),
+    };
+    let settings = match crate::config::worker_settings("worker", &new) {
+        Ok(s) => s,
+        Err(e) => return ApiError::bad_request("invalid_worker", format!("{e:#}")).into_response(),
+    };
+    let _changes = st.running.lock().unwrap_or_else(|e| e.into_inner());
     let pools = st.pools();
     let Some(p) = pools.iter().find(|p| p.name == pool) else {
         return not_found(format!("no pool named '{pool}'"));
     };
-    if let Err(e) = crate::config::check_worker_url(&new.url) {
-        return ApiError::bad_request("invalid_worker", e.to_string()).into_response();
+    let name = &settings.spec.name;
+    if pools.iter().any(|p| p.router.lookup(name).is_some_and(|(_, w)| w.in_rotation())) {
+        return conflict(format!("a worker named '{name}' exists"));
     }
-    let active = |p: &Arc<Pool>| p.router.find(&new.name).is_some_and(|w| p.router.worker(w).in_rotation());
-    if pools.iter().any(active) {
-        return conflict(format!("a worker named '{}' exists", new.name));
-    }
-    let spec = WorkerSpec { name: new.name.clone(), url: new.url.clone(), engine: new.engine };
-    match p.router.add_worker(spec) {
-        Ok(_) => {
-            tracing::info!(pool = %pool, worker = %new.name, url = %new.url, "admin: worker added");
-            (StatusCode::CREATED, Json(json!({"pool": pool, "workers": workers_json(&p.router)}))).into_response()
-        }
-        Err(e) => conflict(e.to_string()),
-    }
+    let id = match p.router.change(&[], vec![settings.spec.clone()]) {
+        Ok(change) => change.commit()[0],
+        Err(e) => return conflict(e.to_string()),
+    };
+    p.start_feed(&st, id, &settings);
+    tracing::info!(pool = %pool, worker = %name, url = %settings.spec.url, "admin: worker added");
+    (StatusCode::CREATED, Json(json!({"pool": pool, "workers": workers_json(&p.router)}))).into_response()
 }
 
 async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    let Some((pool, w)) = locate(&st, &name) else {
+    let _changes = st.running.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((pool, w, _held)) = locate(&st, &name) else {
         return not_found(format!("no worker named '{name}'"));
     };
     pool.router.drain(w);
@@ -126,24 +129,40 @@ async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Res
 /// Drains the worker now and removes it once its in-flight requests have ended (a background task),
 /// so no request is cut.
 async fn remove(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    let Some((pool, w)) = locate(&st, &name) else {
+    let _changes = st.running.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((pool, w, _held)) = locate(&st, &name) else {
         return not_found(format!("no worker named '{name}'"));
     };
-    retire(&pool, w);
+    retire(&st, &pool, w);
     (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true, "removing": true}))).into_response()
 }
 
-/// Drains worker `w` of `pool` now and removes it once its in-flight requests have ended.
-pub fn retire(pool: &Arc<Pool>, w: usize) {
+/// Drains worker `w` of `pool` now; once its in-flight requests have ended it is removed (out of the
+/// pool, its feeds stopped, its index entries and metric series dropped), and once nothing refers to
+/// it any more (its feed tasks have drained, no decision names it) what was still written for it is
+/// dropped, which frees its slot for a new worker.
+pub fn retire(st: &Arc<AppState>, pool: &Arc<Pool>, w: usize) {
     pool.router.drain(w);
-    let (weak, worker) = (Arc::downgrade(pool), pool.router.worker(w));
+    let (weak_st, weak, worker) = (Arc::downgrade(st), Arc::downgrade(pool), pool.router.worker(w));
     tokio::spawn(async move {
         while worker.inflight().requests > 0 {
             tokio::time::sleep(REMOVAL_POLL).await;
         }
-        if let Some(pool) = weak.upgrade() {
-            pool.router.remove(w);
-            tracing::info!(worker = %worker.name(), "worker removed");
+        let Some(pool) = weak.upgrade() else { return };
+        pool.router.remove(w);
+        pool.stop_feed(w);
+        drop(pool);
+        if let Some(st) = weak_st.upgrade() {
+            st.observe.retain_workers(&crate::observe::live_worker_names(&st.pools()));
+        }
+        tracing::info!(worker = %worker.name(), "worker removed");
+        loop {
+            let Some(pool) = weak.upgrade() else { return };
+            if pool.router.forget_removed(w, &worker) {
+                return;
+            }
+            drop(pool);
+            tokio::time::sleep(REMOVAL_POLL).await;
         }
     });
 }
@@ -159,8 +178,10 @@ async fn reload(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
-fn locate(st: &AppState, name: &str) -> Option<(Arc<Pool>, usize)> {
-    st.pools().iter().find_map(|p| p.router.find(name).map(|w| (p.clone(), w)))
+/// The pool and id of the worker named `name`, with the worker (held: the id cannot name another
+/// worker meanwhile).
+fn locate(st: &AppState, name: &str) -> Option<(Arc<Pool>, usize, Arc<Worker>)> {
+    st.pools().iter().find_map(|p| p.router.lookup(name).map(|(id, w)| (p.clone(), id, w)))
 }
 
 fn not_found(message: String) -> Response {

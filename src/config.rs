@@ -698,16 +698,32 @@ fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSettings>
         anyhow::bail!("workers: at least one [[workers]] entry is required");
     }
     let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(workers.len());
     for (i, w) in workers.iter().enumerate() {
-        if w.name.trim().is_empty() {
-            anyhow::bail!("workers[{i}].name must not be empty");
-        }
+        out.push(worker_settings(&format!("workers[{i}]"), w)?);
         if !seen.insert(w.name.as_str()) {
             anyhow::bail!("workers[{i}].name: duplicate worker name '{}'", w.name);
         }
-        check_worker_url(&w.url).map_err(|e| anyhow::anyhow!("workers[{i}].url: {e}"))?;
     }
-    workers.iter().enumerate().map(|(i, w)| worker_settings(i, w)).collect()
+    Ok(out)
+}
+
+/// Longest worker name, in bytes: it is a metric label and an admin URL path segment.
+pub const MAX_WORKER_NAME_BYTES: usize = 128;
+
+/// A worker name: 1 to [`MAX_WORKER_NAME_BYTES`] bytes, no control characters, no leading or
+/// trailing whitespace (it must be writable in `/admin/workers/{name}` and as a label).
+pub fn check_worker_name(name: &str) -> anyhow::Result<()> {
+    if name.trim().is_empty() {
+        anyhow::bail!("must not be empty");
+    }
+    if name.len() > MAX_WORKER_NAME_BYTES {
+        anyhow::bail!("must be at most {MAX_WORKER_NAME_BYTES} bytes (got {})", name.len());
+    }
+    if name.chars().any(char::is_control) || name.trim() != name {
+        anyhow::bail!("{name:?} must not contain control characters or start or end with whitespace");
+    }
+    Ok(())
 }
 
 /// A worker URL must be http(s) with a host (the config file, and workers added at run time).
@@ -719,24 +735,25 @@ pub fn check_worker_url(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn worker_settings(i: usize, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
+/// One worker entry validated: the one set of rules for `[[workers]]` entries and for workers added
+/// through the admin API. `at` names the entry in errors (`workers[2]`, `worker`).
+pub fn worker_settings(at: &str, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
+    check_worker_name(&w.name).map_err(|e| anyhow::anyhow!("{at}.name {e}"))?;
+    check_worker_url(&w.url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
     let spec = WorkerSpec { name: w.name.clone(), url: w.url.clone(), engine: w.engine };
     // The same cap as a discovered document's (a worker is not trusted with more feeds either way).
     if !(1..=MAX_DATA_PARALLEL).contains(&w.data_parallel_size) {
-        anyhow::bail!(
-            "workers[{i}].data_parallel_size must be in 1..={MAX_DATA_PARALLEL} (got {})",
-            w.data_parallel_size
-        );
+        anyhow::bail!("{at}.data_parallel_size must be in 1..={MAX_DATA_PARALLEL} (got {})", w.data_parallel_size);
     }
     let check = |key: &str, ep: &str| {
         mmrouter_kv_events::endpoint::Endpoint::parse(ep)
             .map(|_| ())
-            .map_err(|e| anyhow::anyhow!("workers[{i}].{key}: '{ep}' is not a ZMQ endpoint like tcp://host:5557 ({e})"))
+            .map_err(|e| anyhow::anyhow!("{at}.{key}: '{ep}' is not a ZMQ endpoint like tcp://host:5557 ({e})"))
     };
     let events = match w.kv_events.as_deref() {
         None => {
             if w.kv_events_replay.is_some() {
-                anyhow::bail!("workers[{i}].kv_events_replay needs workers[{i}].kv_events");
+                anyhow::bail!("{at}.kv_events_replay needs {at}.kv_events");
             }
             None
         }
@@ -818,6 +835,23 @@ mod tests {
         ] {
             let err = Settings::parse(&format!("{MIN}{extra}")).unwrap_err().to_string();
             assert!(err.contains(key), "error for {extra:?} should name {key}: {err}");
+        }
+    }
+
+    #[test]
+    fn worker_names_are_bounded_and_printable() {
+        let with_name = |name: &str| {
+            let quoted = toml::Value::String(name.to_owned()).to_string();
+            format!("[[workers]]\nname = {quoted}\nurl = \"http://127.0.0.1:1\"\n")
+        };
+        for bad in ["", "   ", "a\u{7}b", " padded", "x\ny"] {
+            let err = Settings::parse(&with_name(bad)).unwrap_err().to_string();
+            assert!(err.contains("workers[0].name"), "{bad:?}: {err}");
+        }
+        let long = "w".repeat(MAX_WORKER_NAME_BYTES + 1);
+        assert!(Settings::parse(&with_name(&long)).unwrap_err().to_string().contains("at most 128 bytes"));
+        for good in ["w", "gpu-07.rack_3:8000", "wörker 1", &"w".repeat(MAX_WORKER_NAME_BYTES)] {
+            Settings::parse(&with_name(good)).unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
     }
 

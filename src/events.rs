@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mmrouter_core::routing::events::WorkerEvents;
-use mmrouter_core::routing::Engine;
+use mmrouter_core::routing::{Engine, Worker};
 use mmrouter_kv_events::discovery::{parse_sglang_server_info, parse_vllm_kv_event_sources, DiscoveryError};
 use mmrouter_kv_events::{spawn_feed, FeedConfig, FeedEvent, FeedHandle, FeedStats};
 
@@ -20,7 +20,8 @@ use crate::logging::Throttle;
 use crate::state::{AppState, Pool};
 
 /// Most engine block hashes one worker's event state tracks (a GPU holds far fewer blocks); beyond it
-/// the worker's state is reset rather than grow.
+/// the worker's state is reset rather than grow. Never more than the worker's share of its pool's index
+/// (`routing.index_worker_share`): [`start`] takes the smaller.
 const MAX_TRACKED_BLOCKS: usize = 4_000_000;
 /// Between discovery attempts while a worker does not answer yet, doubling up to the max.
 const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
@@ -32,15 +33,22 @@ const MAX_PLAUSIBLE_LAG_SECS: f64 = 86_400.0;
 /// At most one log line of a kind per worker per window.
 const LOG_WINDOW: Duration = Duration::from_secs(10);
 
-/// One worker's feeds and event state.
+/// One worker's feeds and event state. Lives with its worker (its pool keeps it by worker id from
+/// the worker's addition to its removal); [`WorkerFeeds::stop`] ends its tasks.
 pub struct WorkerFeeds {
     /// The worker's pool (weak: the pool owns its feeds; a reload may replace it), and its index there.
     pub pool: std::sync::Weak<Pool>,
     pub worker: usize,
+    /// The worker itself: while a feed task may still write for `worker`, that id cannot be given to
+    /// another worker (see `mmrouter_core::routing::Router`).
+    held: Arc<Worker>,
     ingest: Arc<Mutex<WorkerEvents>>,
-    handles: Mutex<Vec<FeedHandle>>,
+    /// `None` once stopped: a resolution finishing later starts nothing.
+    handles: Mutex<Option<Vec<FeedHandle>>>,
+    /// The task resolving the endpoints (discovery retries until the worker answers).
+    resolver: Mutex<Option<tokio::task::AbortHandle>>,
     /// Discovery documents refused, by reason (the feeds count what they refuse themselves).
-    discovery_refused: Refusals,
+    discovery_refused: Arc<Refusals>,
     /// Resets logged at most once per window (a hostile publisher can reset at line rate).
     reset_log: Throttle,
 }
@@ -48,7 +56,8 @@ pub struct WorkerFeeds {
 impl WorkerFeeds {
     /// Every rank's counters (for `/metrics`).
     pub fn stats(&self) -> Vec<FeedStats> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).iter().map(FeedHandle::stats).collect()
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        handles.iter().flatten().map(FeedHandle::stats).collect()
     }
 
     /// What was refused from this worker, by reason, all ranks together: protocol violations and
@@ -75,43 +84,74 @@ impl WorkerFeeds {
     pub fn counts(&self) -> mmrouter_core::routing::events::EventCounts {
         self.ingest.lock().unwrap_or_else(|e| e.into_inner()).counts()
     }
+
+    /// The worker these feeds follow.
+    pub fn worker_ref(&self) -> &Arc<Worker> {
+        &self.held
+    }
+
+    /// Stops every feed: the resolution is aborted and the subscriptions dropped (dropping a
+    /// `FeedHandle` ends its task, so each rank's channel closes and its applying task ends once it
+    /// has drained what was already received). Idempotent.
+    pub fn stop(&self) {
+        if let Some(task) = self.resolver.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(handles);
+        self.held.set_publishes_events(false);
+    }
 }
 
-/// Starts the feeds of every worker that publishes events; the returned list lives in the state.
-pub fn start(st: &Arc<AppState>, pool: &Arc<Pool>, workers: &[WorkerSettings]) -> Vec<Arc<WorkerFeeds>> {
+/// Starts the feeds of worker `worker` of `pool` if its settings name an event source (`None`
+/// otherwise): one subscription per rank once the endpoints are resolved, each applied to the pool's
+/// index by its own task. The caller keeps the returned feeds with the worker and stops them when
+/// the worker is removed.
+pub fn start(
+    st: &Arc<AppState>,
+    pool: &Arc<Pool>,
+    worker: usize,
+    settings: &WorkerSettings,
+) -> Option<Arc<WorkerFeeds>> {
+    let source = settings.events.clone()?;
     let pipeline = &pool.pipeline;
-    let model = pipeline.model_name().to_owned();
-    let block_size = pipeline.block_size();
-    let vocab = pipeline.vocab_size();
-    let mut out = Vec::new();
-    for (w, settings) in workers.iter().enumerate() {
-        let Some(source) = settings.events.clone() else { continue };
-        pool.router.worker(w).set_publishes_events(true);
-        let feeds = Arc::new(WorkerFeeds {
-            pool: Arc::downgrade(pool),
-            worker: w,
-            ingest: Arc::new(Mutex::new(WorkerEvents::new(&model, block_size, MAX_TRACKED_BLOCKS).with_vocab(vocab))),
-            handles: Mutex::new(Vec::new()),
-            discovery_refused: Refusals::default(),
-            reset_log: Throttle::new(LOG_WINDOW),
-        });
-        let limits = st.running.lock().unwrap_or_else(|e| e.into_inner()).kv_events.clone();
-        let (st, feeds2, settings) = (Arc::downgrade(st), feeds.clone(), settings.clone());
-        runtime().spawn(async move {
-            let Some(configs) = resolve(&settings, source, &limits, &feeds2.discovery_refused).await else { return };
-            for cfg in configs {
-                match spawn_feed(cfg) {
-                    Ok((handle, rx)) => {
-                        feeds2.handles.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
-                        tokio::spawn(follow(st.clone(), feeds2.clone(), rx));
-                    }
-                    Err(e) => tracing::error!(worker = %settings.spec.name, "kv events: {e}"),
+    let bound = MAX_TRACKED_BLOCKS.min(pool.router.worker_share());
+    let ingest =
+        WorkerEvents::new(pipeline.model_name(), pipeline.block_size(), bound).with_vocab(pipeline.vocab_size());
+    let held = pool.router.worker(worker);
+    held.set_publishes_events(true);
+    let feeds = Arc::new(WorkerFeeds {
+        pool: Arc::downgrade(pool),
+        worker,
+        held,
+        ingest: Arc::new(Mutex::new(ingest)),
+        handles: Mutex::new(Some(Vec::new())),
+        resolver: Mutex::new(None),
+        discovery_refused: Arc::default(),
+        reset_log: Throttle::new(LOG_WINDOW),
+    });
+    let limits = st.running.lock().unwrap_or_else(|e| e.into_inner()).kv_events.clone();
+    let refused = feeds.discovery_refused.clone();
+    let (st, weak, settings) = (Arc::downgrade(st), Arc::downgrade(&feeds), settings.clone());
+    // On the feeds' own runtime: what `follow` and the feeds spawn from here runs there too.
+    let task = runtime().spawn(async move {
+        let Some(configs) = resolve(&settings, source, &limits, &refused).await else { return };
+        // Stopped (or dropped) meanwhile: start nothing.
+        let Some(feeds) = weak.upgrade() else { return };
+        let mut handles = feeds.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(handles) = handles.as_mut() else { return };
+        for cfg in configs {
+            match spawn_feed(cfg) {
+                Ok((handle, rx)) => {
+                    handles.push(handle);
+                    tokio::spawn(follow(st.clone(), feeds.clone(), rx));
                 }
+                Err(e) => tracing::error!(worker = %settings.spec.name, "kv events: {e}"),
             }
-        });
-        out.push(feeds);
-    }
-    out
+        }
+    });
+    *feeds.resolver.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    Some(feeds)
 }
 
 /// The publishers of one worker: configured (one per data-parallel rank) or discovered.
@@ -266,6 +306,9 @@ async fn follow(
 ) {
     while let Some(event) = rx.recv().await {
         let (Some(st), Some(pool)) = (st.upgrade(), feeds.pool.upgrade()) else { return };
+        if feeds.worker_ref().is_removed() {
+            return; // stopped: what was still queued must not enter the index
+        }
         let (router, w) = (&pool.router, feeds.worker);
         match event {
             FeedEvent::Batch { batch, .. } => {

@@ -35,8 +35,8 @@ pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
 
 /// One round of checks over a pool's workers, concurrently.
 async fn check_pool(client: &reqwest::Client, router: &mmrouter_core::routing::Router) {
-    // Removed workers keep their slot (ids are for good) but are no longer checked.
-    let live: Vec<(usize, _)> = router.workers().into_iter().enumerate().filter(|(_, w)| !w.is_removed()).collect();
+    // Removed workers are no longer checked (and not held: their slots may be reused).
+    let live = router.live_workers();
     let checks = live.iter().map(|(_, w)| {
         let url = format!("{}/health", w.url().trim_end_matches('/'));
         let client = client.clone();

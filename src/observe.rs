@@ -6,6 +6,13 @@
 //! never see each other's samples, and the core crates record nothing themselves. Labelled handles
 //! are registered once and cached, so the hot path does not build metric keys per request. Worker
 //! gauges and the index size are read from the router's state when `/metrics` is scraped.
+//!
+//! **A worker's series live and die with it.** Every series labelled `worker` is kept in that
+//! worker's own recorder ([`WorkerSeries`]), not the proxy's: the exporter cannot forget one series,
+//! but dropping a recorder forgets all of its. A scrape renders the proxy's recorder and each live
+//! worker's, merged into one exposition (one block per metric family), and drops the recorders of
+//! workers no pool has any more (also done at each removal: [`Observer::retain_workers`]), so
+//! add/remove cycles leave `/metrics` as large as the live workers make it.
 
 /// Counter `{route, status}`: every proxied request, counted when its response ends; `status` is the
 /// HTTP status sent, or `stream_error` for a body cut after the status was sent.
@@ -71,7 +78,8 @@ pub const KV_EVENT_MALFORMED_TOTAL: &str = "mmrouter_kv_event_malformed_total";
 pub const KV_EVENT_SEQUENCE_TOTAL: &str = "mmrouter_kv_event_sequence_total";
 /// Counter `{worker, reason}`: input refused from a worker's event publisher or discovery document:
 /// protocol violations (`frame_too_large`, `message_too_large`, `too_many_frames`, `bad_greeting`, …),
-/// malformed messages (their decode label), `inconsistent_event`, `state_overflow`, `index_share`, and
+/// malformed messages (their decode label), `inconsistent_event`, `state_overflow`, `index_share` (event blocks beyond the worker's
+/// `routing.index_worker_share` of the index), and
 /// `discovery_<reason>` (`too_large`, `too_many_ranks`, `foreign_host`, `not_json`, `bad_shape`, …).
 pub const KV_EVENT_REFUSED_TOTAL: &str = "mmrouter_kv_event_refused_total";
 /// Gauge `{worker}`: 1 while every rank's subscription is connected.
@@ -99,7 +107,7 @@ pub mod stage {
     pub const FORWARD_TTFB: &str = "forward_ttfb";
 }
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -143,26 +151,6 @@ impl<H: Clone> Cache<String, H> {
     }
 }
 
-/// Handles keyed by two string label values, found without building owned keys (the request path
-/// records per worker and status on every request).
-struct Cache2<H>(Mutex<HashMap<String, HashMap<String, H>>>);
-
-impl<H: Clone> Cache2<H> {
-    fn new() -> Self {
-        Cache2(Mutex::new(HashMap::new()))
-    }
-
-    fn get(&self, a: &str, b: &str, make: impl FnOnce(&str, &str) -> H) -> H {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = map.get(a).and_then(|inner| inner.get(b)) {
-            return h.clone();
-        }
-        let h = make(a, b);
-        map.entry(a.to_owned()).or_default().insert(b.to_owned(), h.clone());
-        h
-    }
-}
-
 /// One proxy's metrics: its recorder, and the handles the request path records into.
 pub struct Observer {
     recorder: PrometheusRecorder,
@@ -171,24 +159,17 @@ pub struct Observer {
     rejected: Cache<u16, Counter>,
     rejected_reasons: Cache<&'static str, Counter>,
     pool_requests: Cache<String, Counter>,
-    worker_info: Cache<(String, String, &'static str), Gauge>,
     fallback: Cache<&'static str, Counter>,
-    upstream: Cache2<Counter>,
     retries: Cache<&'static str, Counter>,
-    ejections: Cache<String, Counter>,
     stream_errors: Cache<(&'static str, &'static str), Counter>,
     cut_requests: Cache<&'static str, Counter>,
-    worker_state: Cache<(String, &'static str), Gauge>,
     budget_exhausted: Counter,
     overlap: Cache<&'static str, Histogram>,
     stages: Cache<&'static str, Histogram>,
     probes: Cache<&'static str, Histogram>,
-    worker_gauges: Cache<(&'static str, String), Gauge>,
-    worker_counters: Cache<(&'static str, String, &'static str), Counter>,
-    /// `KV_EVENT_REFUSED_TOTAL` by (worker, reason).
-    refused: Cache<(String, String), Counter>,
-    event_lag: Cache<String, Histogram>,
     index_by_source: Cache<&'static str, Gauge>,
+    /// Every worker's own series, by worker name (see the module docs).
+    workers: Mutex<HashMap<String, Arc<WorkerSeries>>>,
     front_counters: Cache<(&'static str, &'static str), Counter>,
     connections_open: Gauge,
     inflight_requests: Gauge,
@@ -224,22 +205,15 @@ impl Observer {
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
             pool_requests: Cache::new(),
-            worker_info: Cache::new(),
             fallback: Cache::new(),
-            upstream: Cache2::new(),
             retries: Cache::new(),
-            ejections: Cache::new(),
             stream_errors: Cache::new(),
             cut_requests: Cache::new(),
-            worker_state: Cache::new(),
             overlap: Cache::new(),
             stages: Cache::new(),
             probes: Cache::new(),
-            worker_gauges: Cache::new(),
-            worker_counters: Cache::new(),
-            refused: Cache::new(),
-            event_lag: Cache::new(),
             index_by_source: Cache::new(),
+            workers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -298,11 +272,27 @@ impl Observer {
         }
     }
 
+    /// `worker`'s series (made on first use).
+    fn series(&self, worker: &str) -> Arc<WorkerSeries> {
+        let mut map = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = map.get(worker) {
+            return s.clone();
+        }
+        let s = Arc::new(WorkerSeries::new(worker));
+        map.insert(worker.to_owned(), s.clone());
+        s
+    }
+
+    /// Forgets the series of every worker not in `live` (removed workers; names are unique among
+    /// the workers in rotation).
+    pub fn retain_workers(&self, live: &HashSet<String>) {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| live.contains(name));
+    }
+
     /// One upstream attempt: an HTTP status code, or a failure label (`connect_error`, `timeout`, …).
     pub fn upstream(&self, worker: &str, status: &str) {
-        let c = self
-            .upstream
-            .get(worker, status, |w, s| self.counter(UPSTREAM_REQUESTS_TOTAL, &[("worker", w), ("status", s)]));
+        let series = self.series(worker);
+        let c = series.upstream.get_str(status, |s| series.counter(UPSTREAM_REQUESTS_TOTAL, &[("status", s)]));
         c.increment(1);
     }
 
@@ -345,8 +335,7 @@ impl Observer {
 
     /// `worker` was ejected.
     pub fn ejected(&self, worker: &str) {
-        let c = self.ejections.get(worker.to_owned(), |w| self.counter(WORKER_EJECTIONS_TOTAL, &[("worker", w)]));
-        c.increment(1);
+        self.series(worker).counter_for(WORKER_EJECTIONS_TOTAL, &[]).increment(1);
     }
 
     /// A request refused before it had a route (bad body, blocked image URL with
@@ -396,26 +385,21 @@ impl Observer {
 
     /// A KV-event batch from `worker` arrived `secs` after the engine stamped it.
     pub fn event_lag(&self, worker: &str, secs: f64) {
-        let h = self.event_lag.get(worker.to_owned(), |w| self.histogram(KV_EVENT_LAG_SECONDS, &[("worker", w)]));
-        h.record(secs);
-    }
-
-    /// A counter that mirrors a monotonic count kept elsewhere (feed and event-state counters).
-    fn mirror(&self, name: &'static str, worker: &str, kind: &'static str, value: u64) {
-        let key = (name, worker.to_owned(), kind);
-        let c = self.worker_counters.get(key, |(n, w, k)| {
-            let labels: &[(&'static str, &str)] =
-                if k.is_empty() { &[("worker", w)] } else { &[("worker", w), ("kind", k)] };
-            self.counter(n, labels)
-        });
-        c.absolute(value);
+        let series = self.series(worker);
+        series
+            .lag
+            .get_or_init(|| series.recorder.register_histogram(&series.key(KV_EVENT_LAG_SECONDS, &[]), &METADATA))
+            .record(secs);
     }
 
     /// The KV-event feeds' counters and connection state, read when `/metrics` is scraped.
-    fn render_feeds(&self, router: &Router, feeds: &[Arc<WorkerFeeds>]) {
+    fn render_feeds(&self, feeds: &[Arc<WorkerFeeds>]) {
         for f in feeds {
-            let worker = router.worker(f.worker);
-            let name = worker.name();
+            let worker = f.worker_ref();
+            if worker.is_removed() {
+                continue; // its feeds are stopping
+            }
+            let series = self.series(worker.name());
             let c = f.counts();
             for (kind, v) in [
                 ("stored", c.stored_blocks),
@@ -427,12 +411,12 @@ impl Observer {
                 ("block_size_mismatch", c.block_size_mismatch),
                 ("unknown", c.unknown),
             ] {
-                self.mirror(KV_EVENTS_TOTAL, name, kind, v);
+                series.mirror(KV_EVENTS_TOTAL, kind, v);
             }
             let stats = f.stats();
             let sum = |get: fn(&mmrouter_kv_events::FeedStats) -> u64| stats.iter().map(get).sum::<u64>();
-            self.mirror(KV_EVENT_BATCHES_TOTAL, name, "", sum(|s| s.batches));
-            self.mirror(KV_EVENT_MALFORMED_TOTAL, name, "", sum(|s| s.malformed));
+            series.mirror(KV_EVENT_BATCHES_TOTAL, "", sum(|s| s.batches));
+            series.mirror(KV_EVENT_MALFORMED_TOTAL, "", sum(|s| s.malformed));
             for (kind, v) in [
                 ("gap", sum(|s| s.gaps)),
                 ("replay", sum(|s| s.replays)),
@@ -440,33 +424,34 @@ impl Observer {
                 ("resync", sum(|s| s.resyncs)),
                 ("restart", sum(|s| s.restarts + s.reconnect_resets)),
             ] {
-                self.mirror(KV_EVENT_SEQUENCE_TOTAL, name, kind, v);
+                series.mirror(KV_EVENT_SEQUENCE_TOTAL, kind, v);
             }
             for (reason, v) in f.refused() {
-                let c = self.refused.get((name.to_owned(), reason), |(w, r)| {
-                    self.counter(KV_EVENT_REFUSED_TOTAL, &[("worker", w), ("reason", r)])
-                });
-                c.absolute(v);
+                series.counter_for(KV_EVENT_REFUSED_TOTAL, &[("reason", &reason)]).absolute(v);
             }
             let connected = !stats.is_empty() && stats.iter().all(|s| s.connected);
-            let g = self.worker_gauges.get((KV_EVENT_CONNECTED, name.to_owned()), |(n, w)| {
-                self.recorder.register_gauge(&Self::key(n, &[("worker", w)]), &METADATA)
-            });
-            g.set(if connected { 1.0 } else { 0.0 });
+            series.gauge_for(KV_EVENT_CONNECTED, &[]).set(if connected { 1.0 } else { 0.0 });
+            let index_share = worker.index_refused();
+            if index_share > 0 {
+                series.counter_for(KV_EVENT_REFUSED_TOTAL, &[("reason", "index_share")]).absolute(index_share);
+            }
         }
     }
 
     /// The Prometheus text exposition, with the worker gauges, the index size and the event feeds'
-    /// counters read from their owners.
+    /// counters read from their owners; the series of workers no pool has any more are dropped first.
     pub fn render<'a>(&self, pools: impl IntoIterator<Item = (&'a str, &'a Router, &'a [Arc<WorkerFeeds>])>) -> String {
         let pools: Vec<_> = pools.into_iter().collect();
+        let live: HashSet<String> =
+            pools.iter().flat_map(|(_, r, _)| r.live_workers()).map(|(_, w)| w.name().to_owned()).collect();
+        self.retain_workers(&live);
         self.index_blocks.set(pools.iter().map(|(_, r, _)| r.index_blocks()).sum::<usize>() as f64);
         let (mut events, mut pending, mut approximate) = (0, 0, 0);
         for (pool, router, feeds) in &pools {
             let by_source = router.index_entries();
             (events, pending, approximate) =
                 (events + by_source.events, pending + by_source.pending, approximate + by_source.approximate);
-            self.render_feeds(router, feeds);
+            self.render_feeds(feeds);
             self.render_workers(pool, router);
         }
         for (source, n) in [("events", events), ("pending", pending), ("approximate", approximate)] {
@@ -475,42 +460,137 @@ impl Observer {
             });
             g.set(n as f64);
         }
-        self.handle.render()
+        let workers: Vec<Arc<WorkerSeries>> =
+            self.workers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let mut parts = vec![self.handle.render()];
+        parts.extend(workers.iter().map(|w| w.handle.render()));
+        merge_expositions(&parts)
     }
 
     fn render_workers(&self, pool: &str, router: &Router) {
-        for w in router.workers() {
+        for (_, w) in router.live_workers() {
+            let series = self.series(w.name());
             let engine = match w.engine() {
                 mmrouter_core::routing::Engine::Vllm => "vllm",
                 mmrouter_core::routing::Engine::Sglang => "sglang",
             };
-            let info = self.worker_info.get((w.name().to_owned(), pool.to_owned(), engine), |(w, p, e)| {
-                self.recorder
-                    .register_gauge(&Self::key(WORKER_INFO, &[("worker", w), ("pool", p), ("engine", e)]), &METADATA)
-            });
-            // A removed worker's series drops to 0 rather than vanishing mid-scrape history.
-            info.set(if w.is_removed() { 0.0 } else { 1.0 });
+            series.gauge_for(WORKER_INFO, &[("pool", pool), ("engine", engine)]).set(1.0);
             let load = w.inflight();
-            let gauge = |name: &'static str| {
-                self.worker_gauges.get((name, w.name().to_owned()), |(n, w)| {
-                    self.recorder.register_gauge(&Self::key(n, &[("worker", w)]), &METADATA)
-                })
-            };
-            gauge(WORKER_INFLIGHT_REQUESTS).set(load.requests as f64);
+            series.gauge_for(WORKER_INFLIGHT_REQUESTS, &[]).set(load.requests as f64);
             let now = w.availability();
             for state in Availability::ALL {
-                let g = self.worker_state.get((w.name().to_owned(), state.label()), |(w, s)| {
-                    self.recorder.register_gauge(&Self::key(WORKER_STATE, &[("worker", w), ("state", s)]), &METADATA)
-                });
+                let g = series.gauge_for(WORKER_STATE, &[("state", state.label())]);
                 g.set(if state == now { 1.0 } else { 0.0 });
             }
-            gauge(WORKER_INFLIGHT_PREFILL_TOKENS).set(load.prefill_tokens as f64);
+            series.gauge_for(WORKER_INFLIGHT_PREFILL_TOKENS, &[]).set(load.prefill_tokens as f64);
             // Only workers that carried exact-routed images show the image gauge.
             if w.has_carried_images() {
-                gauge(WORKER_INFLIGHT_IMAGE_TOKENS).set(load.image_tokens as f64);
+                series.gauge_for(WORKER_INFLIGHT_IMAGE_TOKENS, &[]).set(load.image_tokens as f64);
             }
         }
     }
+}
+
+/// One worker's series, in a recorder of their own: dropping it forgets them all.
+struct WorkerSeries {
+    name: String,
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// Upstream attempts by status (the request path: found by `&str`).
+    upstream: Cache<String, Counter>,
+    /// Other counters and gauges by (name, extra label values joined): scrape time and rare events.
+    counters: Cache<(&'static str, String), Counter>,
+    gauges: Cache<(&'static str, String), Gauge>,
+    lag: std::sync::OnceLock<Histogram>,
+}
+
+impl WorkerSeries {
+    fn new(name: &str) -> WorkerSeries {
+        let recorder = builder().build_recorder();
+        describe(&recorder);
+        WorkerSeries {
+            name: name.to_owned(),
+            handle: recorder.handle(),
+            recorder,
+            upstream: Cache::new(),
+            counters: Cache::new(),
+            gauges: Cache::new(),
+            lag: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// `name{worker, extra…}`.
+    fn key(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Key {
+        let mut labels = vec![Label::new("worker", self.name.clone())];
+        labels.extend(extra.iter().map(|(k, v)| Label::new(*k, v.to_string())));
+        Key::from_parts(name, labels)
+    }
+
+    fn counter(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Counter {
+        self.recorder.register_counter(&self.key(name, extra), &METADATA)
+    }
+
+    fn counter_for(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Counter {
+        let id = extra.iter().map(|(_, v)| *v).collect::<Vec<_>>().join("\u{0}");
+        self.counters.get((name, id), |_| self.counter(name, extra))
+    }
+
+    fn gauge_for(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Gauge {
+        let id = extra.iter().map(|(_, v)| *v).collect::<Vec<_>>().join("\u{0}");
+        self.gauges.get((name, id), |_| self.recorder.register_gauge(&self.key(name, extra), &METADATA))
+    }
+
+    /// A counter that mirrors a monotonic count kept elsewhere (feed and event-state counters).
+    fn mirror(&self, name: &'static str, kind: &'static str, value: u64) {
+        let extra: &[(&'static str, &str)] = if kind.is_empty() { &[] } else { &[("kind", kind)] };
+        self.counter_for(name, extra).absolute(value);
+    }
+}
+
+/// The names of the workers the pools have (not removed): whose series `/metrics` keeps.
+pub fn live_worker_names(pools: &[Arc<crate::state::Pool>]) -> HashSet<String> {
+    pools.iter().flat_map(|p| p.router.live_workers()).map(|(_, w)| w.name().to_owned()).collect()
+}
+
+/// Joins Prometheus text expositions into one: each metric family once (its `# HELP`/`# TYPE` lines
+/// from the first part that has it), then every part's samples of it. The exporter writes a family as
+/// one block (header lines, samples) ended by a blank line.
+fn merge_expositions(parts: &[String]) -> String {
+    if parts.len() == 1 {
+        return parts[0].clone();
+    }
+    let mut order: Vec<String> = Vec::new();
+    let mut families: HashMap<String, (String, String)> = HashMap::new();
+    for block in parts.iter().flat_map(|p| p.split("\n\n")) {
+        let (mut header, mut samples, mut family) = (String::new(), String::new(), None);
+        for line in block.lines().filter(|l| !l.is_empty()) {
+            let target = if line.starts_with('#') { &mut header } else { &mut samples };
+            target.push_str(line);
+            target.push('\n');
+            if family.is_none() {
+                family = line.strip_prefix("# ").and_then(|r| r.split_whitespace().nth(1)).map(str::to_owned);
+            }
+        }
+        let Some(family) = family.or_else(|| samples.split(['{', ' ']).next().map(str::to_owned)) else { continue };
+        if header.is_empty() && samples.is_empty() {
+            continue;
+        }
+        match families.get_mut(&family) {
+            Some((_, s)) => s.push_str(&samples),
+            None => {
+                order.push(family.clone());
+                families.insert(family, (header, samples));
+            }
+        }
+    }
+    let mut out = String::with_capacity(parts.iter().map(String::len).sum());
+    for family in order {
+        let (header, samples) = &families[&family];
+        out.push_str(header);
+        out.push_str(samples);
+        out.push('\n');
+    }
+    out
 }
 
 fn builder() -> PrometheusBuilder {
@@ -570,6 +650,10 @@ fn describe(r: &PrometheusRecorder) {
     counter(KV_EVENTS_TOTAL, "Blocks in a worker's KV events, by what the router made of them.");
     counter(KV_EVENT_BATCHES_TOTAL, "KV-event batches received per worker.");
     counter(KV_EVENT_MALFORMED_TOTAL, "KV-event frames that could not be decoded and were skipped.");
+    counter(
+        KV_EVENT_REFUSED_TOTAL,
+        "Input refused from a worker's KV-event publisher, events or discovery document, by reason.",
+    );
     counter(
         KV_EVENT_SEQUENCE_TOTAL,
         "KV-event sequence problems per worker: gap, replay, replay_failure, resync, restart.",
@@ -632,5 +716,31 @@ mod tests {
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));
+    }
+
+    #[test]
+    fn a_removed_workers_series_go_and_families_stay_single() {
+        let (o, r) = (Observer::new(), router());
+        o.upstream("w0", "200");
+        o.upstream("w1", "200");
+        o.ejected("w1");
+        let page = o.render([("p", &r, &[][..])]);
+        assert_eq!(sample(&page, "mmrouter_upstream_requests_total{worker=\"w1\",status=\"200\"}"), Some(1.0));
+        for family in [UPSTREAM_REQUESTS_TOTAL, WORKER_STATE, WORKER_INFO] {
+            let headers = page
+                .lines()
+                .filter(|l| {
+                    *l == format!(
+                        "# TYPE {family} {}",
+                        if family == UPSTREAM_REQUESTS_TOTAL { "counter" } else { "gauge" }
+                    )
+                })
+                .count();
+            assert_eq!(headers, 1, "{family} once: {page}");
+        }
+        r.remove(1);
+        let page = o.render([("p", &r, &[][..])]);
+        assert!(!page.contains("worker=\"w1\""), "{page}");
+        assert_eq!(sample(&page, "mmrouter_upstream_requests_total{worker=\"w0\",status=\"200\"}"), Some(1.0));
     }
 }

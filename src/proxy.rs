@@ -301,7 +301,10 @@ fn relay(
     }
     let predicted = plan.predicted_prompt_tokens();
     let (state, pool, route) = (st.clone(), pool.clone(), plan.route);
+    // Held until the body ends: while it is, id `w` cannot be given to another worker.
+    let held = guard.worker().clone();
     let on_end = Box::new(move |end: EndReport| {
+        let _worker = &held;
         if let (Outcome::Complete, Some(actual), Some(pred)) = (end.outcome, end.usage_prompt_tokens, predicted) {
             state.observe.drift().record(actual as f64 - f64::from(pred));
         }

@@ -8,6 +8,16 @@
 //! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
 //! untouched. `[server]`, `[auth]`, `[retries]` and `[kv_events]` are built once at start: a reload that changes them
 //! is refused, naming what needs a restart.
+//!
+//! **A reload is a transaction.** Everything is built and checked before anything changes: new pools
+//! (pipelines, routers), every worker change of every kept pool (names against the workers staying in
+//! rotation in every pool — admin-added ones included —, the worker cap, a free slot per addition),
+//! with each kept pool's worker list locked from its check to its commit ([`Router::change`]). Any
+//! failure answers with its message and leaves the running configuration exactly as it was, so
+//! writing the previous file back is a no-op. Added workers' KV-event feeds start with them; removed
+//! workers' feeds stop at their removal.
+//!
+//! [`Router::change`]: mmrouter_core::routing::Router::change
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,18 +46,63 @@ pub fn reload_file(st: &Arc<AppState>, path: &Path) -> Result<Applied, String> {
     apply(st, new)
 }
 
-/// Applies `new` over the running config (see the module docs for what may change).
+/// Applies `new` over the running config (see the module docs for what may change), all or nothing.
 pub fn apply(st: &Arc<AppState>, mut new: Settings) -> Result<Applied, String> {
     let mut running = st.running.lock().unwrap_or_else(|e| e.into_inner());
     // The listener was bound once, possibly from `--listen` rather than the file.
     new.server.listen = running.server.listen;
     needs_restart(&running, &new)?;
     let live = st.pools();
-    let old = |name: &str| running.pools.iter().zip(live.iter()).find(|(s, _)| s.name == name);
-    // Everything that can fail (loading a model's files) happens before anything changes.
     let mut applied = Applied::default();
-    let mut next = Vec::new();
-    let mut fresh = Vec::new();
+    let (next, fresh) = build_pools(&running, &new, &live, &mut applied)?;
+    let mut plans = Vec::new();
+    for (settings, pool) in running.pools.iter().zip(live.iter()) {
+        match new.pools.iter().find(|n| n.name == settings.name) {
+            Some(n) if same_pool(settings, n) => plans.push(plan_workers(pool, settings, n, &mut applied)),
+            Some(_) => {}
+            None => applied.pools_removed.push(settings.name.clone()),
+        }
+    }
+    check_names(&plans, &fresh, &next)?;
+    // Every kept pool's change is checked with its worker list locked; the first refusal drops them
+    // all, unapplied.
+    let mut changes = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        let specs = plan.add.iter().map(|w| w.spec.clone()).collect();
+        let change = plan.pool.router.change(&plan.retire, specs).map_err(|e| format!("pool '{}': {e}", plan.name))?;
+        changes.push(change);
+    }
+    // Nothing below can fail.
+    let added: Vec<Vec<usize>> = changes.into_iter().map(|c| c.commit()).collect();
+    for (plan, ids) in plans.iter().zip(added) {
+        for (&id, w) in ids.iter().zip(&plan.add) {
+            plan.pool.start_feed(st, id, w);
+        }
+        for &id in &plan.retire {
+            crate::admin::retire(st, plan.pool, id);
+        }
+    }
+    // Requests in flight keep the pool they picked; new ones see the new list.
+    st.set_pools(next);
+    for (pool, settings) in fresh {
+        st.start_pool_feeds(&pool, settings);
+    }
+    *running = new;
+    tracing::info!(?applied, "config reloaded");
+    Ok(applied)
+}
+
+/// The pool list `new` asks for: kept pools as they are, new or changed ones built (everything that
+/// can fail, like loading a model's files, happens here, before anything changes).
+#[allow(clippy::type_complexity)]
+fn build_pools<'a>(
+    running: &Settings,
+    new: &'a Settings,
+    live: &[Arc<Pool>],
+    applied: &mut Applied,
+) -> Result<(Vec<Arc<Pool>>, Vec<(Arc<Pool>, &'a PoolSettings)>), String> {
+    let old = |name: &str| running.pools.iter().zip(live.iter()).find(|(s, _)| s.name == name);
+    let (mut next, mut fresh) = (Vec::new(), Vec::new());
     for settings in &new.pools {
         match old(&settings.name) {
             Some((was, pool)) if same_pool(was, settings) => next.push(pool.clone()),
@@ -62,21 +117,81 @@ pub fn apply(st: &Arc<AppState>, mut new: Settings) -> Result<Applied, String> {
             }
         }
     }
-    for (settings, pool) in running.pools.iter().zip(live.iter()) {
-        match new.pools.iter().find(|n| n.name == settings.name) {
-            Some(n) if same_pool(settings, n) => apply_workers(pool, settings, n, &mut applied)?,
-            Some(_) => {}
-            None => applied.pools_removed.push(settings.name.clone()),
+    Ok((next, fresh))
+}
+
+/// One kept pool's worker changes, found but not applied.
+struct WorkerPlan<'a> {
+    pool: &'a Arc<Pool>,
+    name: String,
+    /// Ids of the workers to drain and remove (their list is locked from the check to the commit).
+    retire: Vec<usize>,
+    add: Vec<WorkerSettings>,
+}
+
+/// A kept pool's worker changes: added, removed (drained first), replaced (both).
+fn plan_workers<'a>(
+    pool: &'a Arc<Pool>,
+    old: &PoolSettings,
+    new: &PoolSettings,
+    applied: &mut Applied,
+) -> WorkerPlan<'a> {
+    let same = |a: &WorkerSettings, b: &WorkerSettings| format!("{a:?}") == format!("{b:?}");
+    let mut plan = WorkerPlan { pool, name: new.name.clone(), retire: Vec::new(), add: Vec::new() };
+    for w in &old.workers {
+        let kept = new.workers.iter().find(|n| n.spec.name == w.spec.name);
+        if kept.is_some_and(|n| same(n, w)) {
+            continue;
+        }
+        if let Some(id) = pool.router.find(&w.spec.name) {
+            plan.retire.push(id);
+        }
+        match kept {
+            Some(_) => applied.replaced.push(w.spec.name.clone()),
+            None => applied.removed.push(w.spec.name.clone()),
         }
     }
-    // Requests in flight keep the pool they picked; new ones see the new list.
-    st.set_pools(next);
-    for (pool, settings) in fresh {
-        st.start_pool_feeds(&pool, settings);
+    for w in &new.workers {
+        let old_w = old.workers.iter().find(|o| o.spec.name == w.spec.name);
+        if old_w.is_some_and(|o| same(o, w)) {
+            continue;
+        }
+        plan.add.push(w.clone());
+        if old_w.is_none() {
+            applied.added.push(w.spec.name.clone());
+        }
     }
-    *running = new;
-    tracing::info!(?applied, "config reloaded");
-    Ok(applied)
+    plan
+}
+
+/// Names must stay unique across pools: a worker added to a kept pool, or listed by a new or
+/// rebuilt pool, must not be in rotation in another pool that stays (a worker added through the admin
+/// API is in no file), unless this reload retires it. Within one kept pool [`Router::change`] checks.
+///
+/// [`Router::change`]: mmrouter_core::routing::Router::change
+fn check_names(
+    plans: &[WorkerPlan<'_>],
+    fresh: &[(Arc<Pool>, &PoolSettings)],
+    next: &[Arc<Pool>],
+) -> Result<(), String> {
+    let kept: Vec<&Arc<Pool>> = next.iter().filter(|p| !fresh.iter().any(|(f, _)| Arc::ptr_eq(f, p))).collect();
+    let retired =
+        |pool: &Arc<Pool>, id: usize| plans.iter().any(|p| Arc::ptr_eq(p.pool, pool) && p.retire.contains(&id));
+    let added = plans.iter().map(|p| (Some(p.pool), &p.add));
+    let listed = fresh.iter().map(|(_, s)| (None, &s.workers));
+    for (home, workers) in added.chain(listed) {
+        for w in workers {
+            let name = &w.spec.name;
+            let elsewhere = kept
+                .iter()
+                .filter(|p| home.is_none_or(|h| !Arc::ptr_eq(h, p)))
+                .find(|p| p.router.lookup(name).is_some_and(|(id, wk)| wk.in_rotation() && !retired(p, id)));
+            if let Some(p) = elsewhere {
+                return Err(format!("worker name '{name}' is in use in pool '{}'", p.name));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Same model, served names and routing: the pool (and its index) is kept, only its workers change.
@@ -97,43 +212,6 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));
-        }
-    }
-    Ok(())
-}
-
-/// A kept pool's worker changes: added, removed (drained first), replaced.
-fn apply_workers(
-    pool: &Arc<Pool>,
-    old: &PoolSettings,
-    new: &PoolSettings,
-    applied: &mut Applied,
-) -> Result<(), String> {
-    let same = |a: &WorkerSettings, b: &WorkerSettings| format!("{a:?}") == format!("{b:?}");
-    for w in &old.workers {
-        let kept = new.workers.iter().find(|n| n.spec.name == w.spec.name);
-        if kept.is_some_and(|n| same(n, w)) {
-            continue;
-        }
-        if let Some(id) = pool.router.find(&w.spec.name) {
-            crate::admin::retire(pool, id);
-        }
-        match kept {
-            Some(_) => applied.replaced.push(w.spec.name.clone()),
-            None => applied.removed.push(w.spec.name.clone()),
-        }
-    }
-    for w in &new.workers {
-        let old_w = old.workers.iter().find(|o| o.spec.name == w.spec.name);
-        if old_w.is_some_and(|o| same(o, w)) {
-            continue;
-        }
-        pool.router.add_worker(w.spec.clone()).map_err(|e| format!("pool '{}': {e}", new.name))?;
-        if w.events.is_some() {
-            tracing::warn!(worker = %w.spec.name, "a worker added by a reload routes approximately (its KV events need a restart)");
-        }
-        if old_w.is_none() {
-            applied.added.push(w.spec.name.clone());
         }
     }
     Ok(())

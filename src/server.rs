@@ -124,29 +124,49 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     proxy::inference(st, Endpoint::Completion, req).await
 }
 
-/// 200 `ok` while a worker is healthy; 503 `unavailable` without one, and 503 `draining` once shutdown
-/// has started (so a load balancer stops sending first).
+/// Whether the router can take a request, for a load balancer in front: per pool, the workers that
+/// selection would rank now (in rotation — not draining or removed — and healthy, or half-open with
+/// its probe free).
+///
+/// * 200 `ok`: every pool has such a worker.
+/// * 200 `degraded`: some pools have none (their models get 503 `no_healthy_worker`), others serve:
+///   the router is still useful, and its replicas, sharing the config, would say the same.
+/// * 503 `unavailable`: no pool can take a request (every worker drained, removed, ejected or down).
+/// * 503 `draining`: shutdown has started (so a load balancer stops sending first).
+///
+/// The body names each pool's state and selectable workers.
 async fn health_page(State(st): State<Arc<AppState>>) -> Response {
-    let draining = st.is_draining();
-    let workers: Vec<_> = st.pools().iter().flat_map(|p| p.router.workers()).filter(|w| !w.is_removed()).collect();
-    let healthy: Vec<&str> = workers.iter().filter(|w| w.is_healthy()).map(|w| w.name()).collect();
-    let label = match (draining, healthy.is_empty()) {
+    let now = std::time::Instant::now();
+    let pools: Vec<serde_json::Value> = st
+        .pools()
+        .iter()
+        .map(|p| {
+            let live = p.router.live_workers();
+            let ready: Vec<&str> = live.iter().filter(|(_, w)| w.selectable(now)).map(|(_, w)| w.name()).collect();
+            let draining = live.iter().filter(|(_, w)| w.is_draining()).count();
+            let status = if ready.is_empty() { "unavailable" } else { "ok" };
+            serde_json::json!({"name": p.name, "status": status, "healthy_workers": ready, "workers": live.len(), "draining": draining})
+        })
+        .collect();
+    let serving = pools.iter().filter(|p| p["status"] == "ok").count();
+    let label = match (st.is_draining(), serving) {
         (true, _) => "draining",
-        (false, true) => "unavailable",
-        (false, false) => "ok",
+        (false, 0) => "unavailable",
+        (false, n) if n < pools.len() => "degraded",
+        (false, _) => "ok",
     };
-    let status = if label == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let body = serde_json::json!({
-        "status": label,
-        "healthy_workers": healthy,
-        "workers": workers.len(),
-    });
+    let status = if matches!(label, "ok" | "degraded") { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let healthy: Vec<&serde_json::Value> =
+        pools.iter().flat_map(|p| p["healthy_workers"].as_array().into_iter().flatten()).collect();
+    let workers: u64 = pools.iter().map(|p| p["workers"].as_u64().unwrap_or(0)).sum();
+    let body = serde_json::json!({"status": label, "healthy_workers": healthy, "workers": workers, "pools": pools});
     (status, axum::Json(body)).into_response()
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
     let pools = st.pools();
-    let page = st.observe.render(pools.iter().map(|p| (p.name.as_str(), &p.router, p.feeds())));
+    let feeds: Vec<_> = pools.iter().map(|p| p.feeds()).collect();
+    let page = st.observe.render(pools.iter().zip(&feeds).map(|(p, f)| (p.name.as_str(), &p.router, f.as_slice())));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
 }
 

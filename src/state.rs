@@ -1,13 +1,14 @@
 //! The state every request shares: the pool (workers, index, policy), the pipeline, the upstream
 //! client and the observer. Built once from [`Settings`].
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::Router;
 
-use crate::config::{PoolSettings, Settings};
+use crate::config::{PoolSettings, Settings, WorkerSettings};
 use crate::events::WorkerFeeds;
 use crate::observe::Observer;
 use crate::retry::{RetryBudget, RetryConfig};
@@ -27,7 +28,9 @@ pub struct AppState {
     /// Permits to plan a large prompt on the blocking pool: one per core, so big prompts queue for
     /// CPU among themselves instead of starving the async workers (`/health`, small requests).
     pub planners: tokio::sync::Semaphore,
-    /// The config in force (a reload diffs the new file against it).
+    /// The config in force (a reload diffs the new file against it). Also the lock every change of
+    /// pools and workers takes (reload, admin add/drain/remove), so each is validated against what is
+    /// in force and applied whole, one at a time.
     pub running: std::sync::Mutex<Settings>,
     /// The file it was read from, when there is one (`POST /admin/reload`).
     pub config_path: OnceLock<std::path::PathBuf>,
@@ -43,19 +46,51 @@ pub struct Pool {
     /// The pool's workers (health, load), the block index and the selection policy.
     pub router: Router,
     pub pipeline: Pipeline,
-    /// The workers' KV-event feeds, once started.
-    feeds: OnceLock<Vec<Arc<WorkerFeeds>>>,
+    /// Each event-publishing worker's feeds, by worker id: started when the worker is (the pool's
+    /// first workers when the server starts, later ones when added), stopped when it is removed.
+    feeds: Mutex<BTreeMap<usize, Arc<WorkerFeeds>>>,
+    /// The first workers' feeds were started ([`AppState::start_feeds`] runs once).
+    feeds_started: AtomicBool,
 }
 
 impl Pool {
     pub(crate) fn new(cfg: &PoolSettings, pipeline: Pipeline) -> anyhow::Result<Pool> {
         let router = Router::new(cfg.routing.clone(), cfg.worker_specs())
             .map_err(|e| anyhow::anyhow!("pool '{}': routing: {e}", cfg.name))?;
-        Ok(Pool { name: cfg.name.clone(), models: cfg.models.clone(), router, pipeline, feeds: OnceLock::new() })
+        let (feeds, feeds_started) = (Mutex::new(BTreeMap::new()), AtomicBool::new(false));
+        Ok(Pool { name: cfg.name.clone(), models: cfg.models.clone(), router, pipeline, feeds, feeds_started })
     }
 
-    pub fn feeds(&self) -> &[Arc<WorkerFeeds>] {
-        self.feeds.get().map_or(&[], Vec::as_slice)
+    /// The running feeds, by worker id.
+    pub fn feeds(&self) -> Vec<Arc<WorkerFeeds>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Starts worker `id`'s feeds if its settings publish events.
+    pub(crate) fn start_feed(self: &Arc<Self>, st: &Arc<AppState>, id: usize, settings: &WorkerSettings) {
+        if let Some(f) = crate::events::start(st, self, id, settings) {
+            let old = self.feeds.lock().unwrap_or_else(|e| e.into_inner()).insert(id, f);
+            if let Some(old) = old {
+                old.stop();
+            }
+        }
+    }
+
+    /// Stops worker `id`'s feeds (it was removed).
+    pub(crate) fn stop_feed(&self, id: usize) {
+        let feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        if let Some(f) = feeds {
+            f.stop();
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// A pool a reload dropped stops its feeds (their tasks hold them, not the pool).
+    fn drop(&mut self) {
+        for f in self.feeds.get_mut().unwrap_or_else(|e| e.into_inner()).values() {
+            f.stop();
+        }
     }
 }
 
@@ -123,8 +158,13 @@ impl AppState {
         }
     }
 
-    /// [`start_feeds`](Self::start_feeds) for one pool.
+    /// [`start_feeds`](Self::start_feeds) for one pool (its workers' ids are their positions).
     pub(crate) fn start_pool_feeds(self: &Arc<Self>, pool: &Arc<Pool>, settings: &PoolSettings) {
-        let _ = pool.feeds.get_or_init(|| crate::events::start(self, pool, &settings.workers));
+        if pool.feeds_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        for (id, w) in settings.workers.iter().enumerate() {
+            pool.start_feed(self, id, w);
+        }
     }
 }

@@ -287,3 +287,63 @@ async fn vllm_image_blocks_with_request_kwargs_stay_approximate() {
     let body = serde_json::to_vec(&v).unwrap();
     image_blocks_stay_approximate(&c, &body).await;
 }
+
+/// Issue 20: feeds were started once, for the first workers: a worker added at run time had none,
+/// and a removed one kept its feed (its blocks kept entering the index). Feeds now live with their
+/// worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_at_run_time_gets_its_feed_and_a_removed_one_loses_it() {
+    let mut publisher = zeromq::PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut all = sims(2, fast).await;
+    let extra = all.pop().unwrap();
+    let c = cluster_with(all, "[server]\nhealth_interval_ms = 0").await;
+    let body = chat_body(&[], &"Tell me a long story about routers and caches. ".repeat(8), false);
+    let ids: Vec<u64> = serde_json::from_value(debug(&c.url, &body).await["token_ids"].clone()).unwrap();
+    let blocks = ids.len() / 16;
+    let msg = |seq: u64, payload: Vec<u8>| {
+        let frames =
+            vec![bytes::Bytes::new(), bytes::Bytes::from(seq.to_be_bytes().to_vec()), bytes::Bytes::from(payload)];
+        zeromq::ZmqMessage::try_from(frames).unwrap()
+    };
+    let hashes: Vec<u64> = (0..blocks as u64).map(|i| 0xF000 + i).collect();
+    let event = batch(vec![stored(&hashes, &ids[..blocks * 16], 16)]);
+
+    let pool = c.state.pools()[0].clone();
+    let add = format!("{}/admin/pools/{}/workers", c.url, pool.name);
+    let new = serde_json::json!({"name": extra.name(), "url": extra.url(), "kv_events": endpoint});
+    let r = client().post(add).json(&new).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let id = pool.router.find(extra.name()).unwrap();
+    assert_eq!(pool.feeds().len(), 1, "the added worker's feed started");
+    let mut held = 0;
+    for _ in 0..100 {
+        publisher.send(msg(0, event.clone())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        held = pool.router.events_held_by(id);
+        if held == blocks {
+            break;
+        }
+    }
+    assert_eq!(held, blocks, "the added worker's events reached the index");
+
+    let r = client().delete(format!("{}/admin/workers/{}", c.url, extra.name())).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    for _ in 0..200 {
+        if pool.feeds().is_empty() && pool.router.live_workers().len() == 1 && pool.router.held_by(id) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pool.feeds().is_empty(), "the removed worker's feed stopped");
+    let more: Vec<u64> = (0..blocks as u64).map(|i| 0xF800 + i).collect();
+    for seq in 1..10 {
+        publisher.send(msg(seq, batch(vec![stored(&more, &ids[..blocks * 16], 16)]))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.router.held_by(id), 0, "a removed worker's blocks no longer enter the index");
+    assert_eq!(pool.router.index_entries().events, 0);
+    let page = metrics_text(&c.url).await;
+    assert!(!page.contains(&format!("worker=\"{}\"", extra.name())), "its series are gone");
+    crate::metrics_format::promtool_accepts(&page);
+}

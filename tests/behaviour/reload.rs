@@ -188,3 +188,85 @@ async fn sighup_makes_the_binary_reread_its_config() {
     let _ = child.wait();
     assert_eq!(seen, ["w1", "w2"]);
 }
+
+/// Issue 20: removals were applied before additions, so a failed addition left the removed worker
+/// gone, and writing the old file back applied nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_addition_fails_changes_nothing() {
+    let s = sims(3, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let old = config("[server]\nhealth_interval_ms = 0\n", &[&s[0], &s[1]]);
+    std::fs::write(&path, &old).unwrap();
+    let url = serve_file(&path).await;
+    // A worker added through the admin API holds the name the new file adds.
+    let list: serde_json::Value =
+        client().get(format!("{url}/admin/workers")).send().await.unwrap().json().await.unwrap();
+    let pool = list["pools"][0]["name"].as_str().unwrap().to_owned();
+    let r = client()
+        .post(format!("{url}/admin/pools/{pool}/workers"))
+        .json(&serde_json::json!({"name": s[2].name(), "url": s[2].url()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let all = sorted(&[s[0].name(), s[1].name(), s[2].name()]);
+    assert_eq!(workers(&url).await, all);
+
+    // Remove sim1, add sim2 (taken): refused whole.
+    std::fs::write(&path, config("[server]\nhealth_interval_ms = 0\n", &[&s[0], &s[2]])).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "config_rejected");
+    assert!(body["error"]["message"].as_str().unwrap().contains(s[2].name()), "{body}");
+    assert_eq!(workers(&url).await, all, "the removed worker is still there, in rotation");
+    let before = s[1].stats().requests;
+    for _ in 0..6 {
+        assert_eq!(post(&url, chat_body(&[], "still serving?", false)).await.status(), 200);
+    }
+    assert!(s[1].stats().requests > before, "the worker the refused file removed still serves");
+
+    // The old file back: nothing to apply, success.
+    std::fs::write(&path, &old).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    for key in ["added", "removed", "replaced", "pools_added", "pools_removed", "pools_rebuilt"] {
+        assert_eq!(body["applied"][key], serde_json::json!([]), "{key}: {body}");
+    }
+    assert_eq!(workers(&url).await, all);
+}
+
+/// Reload cycles (remove a worker, add it back) reuse slots and leave `/metrics` at its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_cycles_reuse_slots_and_release_metric_series() {
+    let s = sims(2, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let extra = "[server]\nhealth_interval_ms = 0\n";
+    let one = config(extra, &[&s[0]]);
+    let two = config(extra, &[&s[0], &s[1]]);
+    std::fs::write(&path, &one).unwrap();
+    let url = serve_file(&path).await;
+    let start = metrics_text(&url).await;
+    let lines = |t: &str| t.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+    for i in 0..100 {
+        for text in [&two, &one] {
+            std::fs::write(&path, text).unwrap();
+            let (status, body) = reload(&url).await;
+            assert_eq!(status, 200, "cycle {i}: {body}");
+        }
+        if i % 25 == 0 {
+            let _ = metrics_text(&url).await;
+        }
+    }
+    for _ in 0..200 {
+        if lines(&metrics_text(&url).await) == lines(&start) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let end = metrics_text(&url).await;
+    assert_eq!(lines(&end), lines(&start), "series before/after 100 reload cycles");
+    assert!(!end.contains(&format!("worker=\"{}\"", s[1].name())), "the removed worker's series survived");
+    assert_eq!(workers(&url).await, sorted(&[s[0].name()]));
+}

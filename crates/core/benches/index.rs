@@ -189,7 +189,7 @@ fn scale_index(c: &mut Criterion) {
     let (heap0, rss0) = (LIVE.load(Ordering::Relaxed), resident_bytes());
     let start = Instant::now();
     let idx = BlockIndex::new(SCALE_BLOCKS, 600, 30);
-    scale_fill(|w, keys| idx.store_events(w, keys));
+    scale_fill(|w, keys| _ = idx.store_events(w, keys));
     let fill_time = start.elapsed();
     let heap = (LIVE.load(Ordering::Relaxed) - heap0) as f64;
     let rss = resident_bytes().saturating_sub(rss0) as f64;

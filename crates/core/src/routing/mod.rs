@@ -67,6 +67,10 @@ pub struct RoutingConfig {
     pub temperature: f64,
     /// Global budget of block keys in the index (all workers together), LRU-evicted.
     pub index_max_blocks: usize,
+    /// Largest fraction of `index_max_blocks` one worker's KV events may hold as `Event` entries;
+    /// beyond it that worker's new event blocks are refused (counted), so one worker publishing more
+    /// than any cache holds cannot evict the other workers' routing state. In (0, 1].
+    pub index_worker_share: f64,
     /// Seconds a dispatch to a worker without KV events counts as cached there (`Approximate` entries).
     pub index_ttl_secs: u64,
     /// Seconds a dispatch to a worker that publishes KV events counts as cached there until its own
@@ -85,6 +89,7 @@ impl Default for RoutingConfig {
             eviction_weight: 1.0,
             temperature: 0.0,
             index_max_blocks: 1_000_000,
+            index_worker_share: 0.5,
             index_ttl_secs: 600,
             pending_ttl_secs: 30,
             ejection: EjectionConfig::default(),
@@ -100,12 +105,18 @@ const MAX_INDEX_BLOCKS: usize = index::MAX_BLOCKS;
 pub enum RoutingError {
     #[error("{key} must be a finite number >= 0 (got {value})")]
     InvalidNumber { key: &'static str, value: f64 },
+    #[error("{key} must be a number in (0, 1] (got {value})")]
+    NotAFraction { key: &'static str, value: f64 },
     #[error("{key} must be between {min} and {max} (got {value})")]
     OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
     #[error("routing supports at most {max} workers, [[workers]] lists {got}")]
     TooManyWorkers { got: usize, max: usize },
     #[error("worker name {name:?} appears more than once in [[workers]]")]
     DuplicateWorker { name: String },
+    #[error("every worker slot is held by a removed worker still finishing its requests; retry shortly")]
+    NoFreeSlot,
+    #[error("worker id {0} is not a live worker of this pool")]
+    UnknownWorker(usize),
     #[error("routing.{0}")]
     Ejection(#[from] EjectionError),
 }
@@ -115,9 +126,12 @@ impl RoutingError {
     pub fn label(&self) -> &'static str {
         match self {
             RoutingError::InvalidNumber { .. } => "invalid_number",
+            RoutingError::NotAFraction { .. } => "not_a_fraction",
             RoutingError::OutOfRange { .. } => "out_of_range",
             RoutingError::TooManyWorkers { .. } => "too_many_workers",
             RoutingError::DuplicateWorker { .. } => "duplicate_worker",
+            RoutingError::NoFreeSlot => "no_free_slot",
+            RoutingError::UnknownWorker(_) => "unknown_worker",
             RoutingError::Ejection(e) => e.label(),
         }
     }
@@ -136,6 +150,10 @@ impl RoutingConfig {
                 return Err(RoutingError::InvalidNumber { key, value });
             }
         }
+        let share = self.index_worker_share;
+        if !share.is_finite() || share <= 0.0 || share > 1.0 {
+            return Err(RoutingError::NotAFraction { key: "routing.index_worker_share", value: share });
+        }
         let blocks = self.index_max_blocks as u64;
         if !(1..=MAX_INDEX_BLOCKS as u64).contains(&blocks) {
             let max = MAX_INDEX_BLOCKS as u64;
@@ -151,6 +169,11 @@ impl RoutingConfig {
         }
         self.ejection.validate()?;
         Ok(())
+    }
+
+    /// Most `Event` entries one worker may hold in the index (at least 1).
+    pub fn worker_share_blocks(&self) -> usize {
+        ((self.index_max_blocks as f64 * self.index_worker_share) as usize).max(1)
     }
 }
 
@@ -181,9 +204,18 @@ pub struct Decision {
     /// requests; round_robin: 0). NaN (`null` in JSON) for unhealthy workers.
     pub costs: Vec<f64>,
     pub policy: &'static str,
+    /// The candidates themselves: while the decision lives, their ids cannot be given to another
+    /// worker (see [`Router`]).
+    #[serde(skip)]
+    held: Vec<Arc<Worker>>,
 }
 
 impl Decision {
+    /// The candidates' workers, in `candidates` order.
+    pub fn candidate_workers(&self) -> &[Arc<Worker>] {
+        &self.held
+    }
+
     /// The policy's pick.
     pub fn worker(&self) -> usize {
         self.candidates[0]
@@ -196,13 +228,54 @@ impl Decision {
 }
 
 /// Worker selection for one pool: its workers, the block index, the policy. `Send + Sync`.
+///
+/// **Worker ids are slots, reused only when provably unreferenced.** A worker's id is its position in
+/// `workers`; the index, a [`Decision`], an [`Admission`], a [`LoadGuard`] and the server's event
+/// feeds name workers by it. A removed worker keeps its slot until (1) the router holds the only
+/// `Arc` to it — every holder of an id that may still act on it (a decision's candidates, an
+/// admission, a load guard, an event feed, an admin call) holds the worker's `Arc` too — and (2) the
+/// index holds none of its entries. Only then may [`Router::add_worker`] or a [`Router::change`] give the
+/// slot to a new worker, so an id in flight or in the index never names another worker, and add/remove
+/// cycles run forever within [`MAX_WORKERS`] slots.
 pub struct Router {
-    /// Grows at run time ([`Router::add_worker`]); a worker's position is its id for good (removed
-    /// workers keep their slot, so ids in flight and in the index never point at another worker).
+    /// Slots, grown at run time up to [`MAX_WORKERS`]; a removed worker's slot is reused as above.
     workers: parking_lot::RwLock<Vec<Arc<Worker>>>,
     index: BlockIndex,
     policy: Box<dyn Policy>,
     ejection: EjectionConfig,
+    /// Most `Event` entries one worker may hold (`RoutingConfig::worker_share_blocks`).
+    share: usize,
+}
+
+/// A validated set of worker changes for one router, holding its worker list locked until it is
+/// committed or dropped (dropping changes nothing). See [`Router::change`].
+#[must_use = "a prepared change does nothing until committed"]
+pub struct Change<'a> {
+    workers: parking_lot::RwLockWriteGuard<'a, Vec<Arc<Worker>>>,
+    retire: Vec<usize>,
+    /// (slot, spec) per added worker, in the order given.
+    add: Vec<(usize, WorkerSpec)>,
+}
+
+impl Change<'_> {
+    /// Applies the change: the retired workers are drained (out of rotation; the caller removes them
+    /// once idle) and the added ones take their slots, healthy with an empty index. Cannot fail.
+    /// Returns the added workers' ids, in the order given.
+    pub fn commit(mut self) -> Vec<usize> {
+        for &id in &self.retire {
+            self.workers[id].set_draining();
+        }
+        let mut ids = Vec::with_capacity(self.add.len());
+        for (slot, spec) in std::mem::take(&mut self.add) {
+            let worker = Arc::new(Worker::new(spec));
+            match self.workers.get_mut(slot) {
+                Some(old) => *old = worker,
+                None => self.workers.push(worker),
+            }
+            ids.push(slot);
+        }
+        ids
+    }
 }
 
 impl Router {
@@ -229,17 +302,33 @@ impl Router {
             PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new()),
             PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded),
         };
+        let index = BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs)
+            .with_worker_share(cfg.worker_share_blocks());
         Ok(Router {
-            index: BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs),
+            index,
             workers: parking_lot::RwLock::new(workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect()),
             policy,
+            share: cfg.worker_share_blocks(),
             ejection: cfg.ejection,
         })
     }
 
-    /// Every worker, removed ones included (their slot stays; see [`Worker::is_removed`]).
+    /// Most `Event` entries one worker may hold in the index: a worker's event state never needs to
+    /// track more blocks than this.
+    pub fn worker_share(&self) -> usize {
+        self.share
+    }
+
+    /// Every slot's worker, removed ones included until their slot is reused (see
+    /// [`Worker::is_removed`]).
     pub fn workers(&self) -> Vec<Arc<Worker>> {
         self.workers.read().clone()
+    }
+
+    /// The workers not removed, with their ids.
+    pub fn live_workers(&self) -> Vec<(usize, Arc<Worker>)> {
+        let workers = self.workers.read();
+        workers.iter().enumerate().filter(|(_, w)| !w.is_removed()).map(|(i, w)| (i, w.clone())).collect()
     }
 
     /// Worker `id` (as found in a [`Decision`]).
@@ -249,23 +338,66 @@ impl Router {
 
     /// The id of the worker named `name`: the one in rotation, else one still draining (not removed).
     pub fn find(&self, name: &str) -> Option<usize> {
-        let workers = self.workers.read();
-        let named = |keep: fn(&Worker) -> bool| workers.iter().position(|w| w.name() == name && keep(w));
-        named(Worker::in_rotation).or_else(|| named(|w| !w.is_removed()))
+        self.lookup(name).map(|(id, _)| id)
     }
 
-    /// Adds a worker at run time; it starts healthy with an empty index. Its id is the next slot.
+    /// [`find`](Self::find), with the worker: holding its `Arc` keeps the id from naming another worker
+    /// while the caller acts on it.
+    pub fn lookup(&self, name: &str) -> Option<(usize, Arc<Worker>)> {
+        let workers = self.workers.read();
+        let named = |keep: fn(&Worker) -> bool| workers.iter().position(|w| w.name() == name && keep(w));
+        let id = named(Worker::in_rotation).or_else(|| named(|w| !w.is_removed()))?;
+        Some((id, workers[id].clone()))
+    }
+
+    /// Adds a worker at run time; it starts healthy with an empty index. Its id is a free slot (see
+    /// [`Router`]).
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<usize, RoutingError> {
-        let mut workers = self.workers.write();
-        if workers.len() >= MAX_WORKERS {
-            return Err(RoutingError::TooManyWorkers { got: workers.len() + 1, max: MAX_WORKERS });
+        Ok(self.change(&[], vec![spec])?.commit()[0])
+    }
+
+    /// Prepares, all or nothing, retiring the workers `retire` (ids of workers not removed) and adding
+    /// `add`: names unique among the workers staying in rotation, at most [`MAX_WORKERS`] workers not
+    /// removed, a free slot for each addition. Nothing changes until [`Change::commit`]; the worker list
+    /// stays locked meanwhile, so the checks still hold then (a caller changing several routers
+    /// prepares them all, then commits them all).
+    pub fn change(&self, retire: &[usize], add: Vec<WorkerSpec>) -> Result<Change<'_>, RoutingError> {
+        let workers = self.workers.write();
+        for &id in retire {
+            if workers.get(id).is_none_or(|w| w.is_removed()) {
+                return Err(RoutingError::UnknownWorker(id));
+            }
         }
-        // A draining worker of that name is on its way out (a reload replacing its URL).
-        if workers.iter().any(|w| w.name() == spec.name && w.in_rotation()) {
-            return Err(RoutingError::DuplicateWorker { name: spec.name });
+        let stays = |i: usize, w: &Worker| w.in_rotation() && !retire.contains(&i);
+        for (k, spec) in add.iter().enumerate() {
+            // A draining worker of that name is on its way out (a reload replacing its URL).
+            let taken = workers.iter().enumerate().any(|(i, w)| w.name() == spec.name && stays(i, w));
+            if taken || add[..k].iter().any(|o| o.name == spec.name) {
+                return Err(RoutingError::DuplicateWorker { name: spec.name.clone() });
+            }
         }
-        workers.push(Arc::new(Worker::new(spec)));
-        Ok(workers.len() - 1)
+        let live = workers.iter().filter(|w| !w.is_removed()).count();
+        if live + add.len() > MAX_WORKERS {
+            return Err(RoutingError::TooManyWorkers { got: live + add.len(), max: MAX_WORKERS });
+        }
+        let slots = self.free_slots(&workers, add.len()).ok_or(RoutingError::NoFreeSlot)?;
+        Ok(Change { workers, retire: retire.to_vec(), add: slots.into_iter().zip(add).collect() })
+    }
+
+    /// `n` slots for new workers: reusable ones first (the list stays as short as the pool, which keeps
+    /// probes and decisions small), then new ones up to [`MAX_WORKERS`].
+    fn free_slots(&self, workers: &[Arc<Worker>], n: usize) -> Option<Vec<usize>> {
+        let reusable = workers.iter().enumerate().filter(|(i, w)| self.reusable(*i, w)).map(|(i, _)| i);
+        let fresh = workers.len()..MAX_WORKERS;
+        let slots: Vec<usize> = reusable.chain(fresh).take(n).collect();
+        (slots.len() == n).then_some(slots)
+    }
+
+    /// A removed worker's slot may take a new worker: nothing but the router holds the worker (the
+    /// caller holds the list's write lock, so no new holder can appear) and the index holds none of
+    /// its entries.
+    fn reusable(&self, id: usize, w: &Arc<Worker>) -> bool {
+        w.is_removed() && Arc::strong_count(w) == 1 && self.index.held_by(id) == 0
     }
 
     /// Takes `worker` out of rotation: no new request goes to it; those in flight finish.
@@ -274,9 +406,24 @@ impl Router {
     }
 
     /// Removes a worker (call once it is drained and idle): never selected again, its blocks forgotten.
+    /// Its slot is reused once nothing references it (see [`Router`]); entries written for it after
+    /// this (an event batch already under way) are dropped by [`Router::forget_removed`].
     pub fn remove(&self, worker: usize) {
         self.worker(worker).set_removed();
         self.clear_worker(worker);
+    }
+
+    /// For a removed `worker` whose only other holder is the caller's `held` (its event feeds have
+    /// stopped, no decision names it): drops whatever was written for it since its removal, so its
+    /// slot can be reused. Returns false, doing nothing, while anyone else still holds it.
+    pub fn forget_removed(&self, worker: usize, held: &Arc<Worker>) -> bool {
+        let current = self.workers.read().get(worker).is_some_and(|w| Arc::ptr_eq(w, held));
+        // The router's `Arc` and the caller's: nobody else can still write for this id.
+        if !current || !held.is_removed() || Arc::strong_count(held) > 2 {
+            return false;
+        }
+        self.clear_worker(worker);
+        true
     }
 
     /// Ranks the selectable workers (healthy, or half-open with no probe out) for a request; `None`
@@ -296,7 +443,9 @@ impl Router {
             Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight, room: &room };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
-        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, policy: self.policy.name() })
+        let held = candidates.iter().map(|&i| workers[i].clone()).collect();
+        let policy = self.policy.name();
+        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, policy, held })
     }
 
     /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
@@ -328,9 +477,26 @@ impl Router {
         self.index.record(worker, guessed, Source::Approximate);
     }
 
-    /// `worker`'s event feed announced `keys` (one `BlockStored`, in chain order).
+    /// `worker`'s event feed announced `keys` (one `BlockStored`, in chain order). Keys beyond the
+    /// worker's share of the index (`routing.index_worker_share`) are refused and counted on the
+    /// worker ([`Worker::index_refused`]).
     pub fn store_events(&self, worker: usize, keys: &[u64]) {
-        self.index.store_events(worker, keys);
+        let refused = self.index.store_events(worker, keys);
+        if refused > 0 {
+            if let Some(w) = self.workers.read().get(worker) {
+                w.count_index_refused(refused as u64);
+            }
+        }
+    }
+
+    /// `Event` entries `worker` holds in the index.
+    pub fn events_held_by(&self, worker: usize) -> usize {
+        self.index.events_held_by(worker)
+    }
+
+    /// Entries of every source `worker` holds in the index.
+    pub fn held_by(&self, worker: usize) -> usize {
+        self.index.held_by(worker)
     }
 
     /// `worker`'s event feed announced that `keys` were evicted.
@@ -562,6 +728,90 @@ mod tests {
         drop(probe);
         assert!(r.worker(0).is_healthy());
         assert!(!r.admit(0).expect("full traffic").is_probe());
+    }
+
+    #[test]
+    fn removed_slots_are_reused_only_once_unreferenced_and_cycles_run_forever() {
+        let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
+        for i in 0..10_000 {
+            let id = r.add_worker(WorkerSpec::new(format!("c{i}"), "http://127.0.0.1:1")).expect("add keeps working");
+            r.record(id, &[i as u64 + 1_000_000]);
+            r.remove(id);
+        }
+        assert!(r.workers().len() <= 3, "slots reused: {} slots", r.workers().len());
+        assert_eq!(r.live_workers().len(), 2);
+        assert_eq!(r.index_entries().total(), 0, "removed workers leave nothing in the index");
+
+        // A slot named by a live decision, guard or holder is not reused.
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 1, decode_tokens: 0 };
+        let id = r.add_worker(WorkerSpec::new("held", "http://127.0.0.1:1")).unwrap();
+        let decision = r.select(&req).unwrap();
+        assert!(decision.candidates.contains(&id));
+        r.remove(id);
+        let other = r.add_worker(WorkerSpec::new("next", "http://127.0.0.1:1")).unwrap();
+        assert_ne!(other, id, "a decision still names the removed worker");
+        drop(decision);
+        r.remove(other);
+        let guard = r.begin(other, Load::default());
+        let again = r.add_worker(WorkerSpec::new("again", "http://127.0.0.1:1")).unwrap();
+        assert_eq!(again, id, "the slot no decision names any more is reused");
+        assert_ne!(again, other, "a load guard still holds the other one");
+        drop(guard);
+
+        // Entries written after the removal (a late event batch) keep the slot until forgotten.
+        let (late, held) = r.lookup("again").unwrap();
+        r.remove(late);
+        r.store_events(late, &[42]);
+        assert!(r.forget_removed(late, &held));
+        assert_eq!(r.held_by(late), 0);
+        drop(held);
+        assert_eq!(r.add_worker(WorkerSpec::new("x", "http://127.0.0.1:1")).unwrap(), late);
+    }
+
+    #[test]
+    fn the_cap_counts_live_workers_and_a_change_is_all_or_nothing() {
+        let names: Vec<String> = (0..MAX_WORKERS).map(|i| format!("w{i}")).collect();
+        let r = Router::new(RoutingConfig::default(), specs(&names.iter().map(String::as_str).collect::<Vec<_>>()))
+            .unwrap();
+        let e = r.add_worker(WorkerSpec::new("one-more", "http://127.0.0.1:1")).unwrap_err();
+        assert_eq!(e.label(), "too_many_workers");
+        r.remove(5);
+        assert_eq!(r.add_worker(WorkerSpec::new("one-more", "http://127.0.0.1:1")).unwrap(), 5);
+        // Retire w0 and add two, one a duplicate of a worker staying: refused, nothing changed.
+        let bad = vec![WorkerSpec::new("fresh", "http://127.0.0.1:1"), WorkerSpec::new("w1", "http://127.0.0.1:1")];
+        assert_eq!(r.change(&[0], bad).err().map(|e| e.label()), Some("duplicate_worker"));
+        assert!(r.worker(0).in_rotation());
+        assert!(r.find("fresh").is_none());
+        // Replacing a worker by one of the same name is allowed: the old one drains.
+        let replaced = vec![WorkerSpec::new("w0", "http://127.0.0.1:2")];
+        r.remove(7);
+        let ids = r.change(&[0], replaced).unwrap().commit();
+        assert_eq!(ids, vec![7]);
+        assert!(r.worker(0).is_draining());
+        assert_eq!(r.find("w0"), Some(7), "the one in rotation is found first");
+        assert_eq!(r.change(&[9999], vec![]).err().map(|e| e.label()), Some("unknown_worker"));
+    }
+
+    #[test]
+    fn one_workers_events_cannot_evict_the_others() {
+        let cfg = RoutingConfig { index_max_blocks: 20_000, ..RoutingConfig::default() };
+        assert_eq!(cfg.worker_share_blocks(), 10_000);
+        let r = Router::new(cfg, specs(&["a", "b"])).unwrap();
+        let a: Vec<u64> = (0..3_000).collect();
+        r.store_events(0, &a);
+        let flood: Vec<u64> = (1_000_000..1_100_000).collect();
+        for chunk in flood.chunks(4096) {
+            r.store_events(1, chunk);
+        }
+        assert_eq!(r.events_held_by(0), 3_000, "worker a keeps its entries");
+        assert_eq!(r.events_held_by(1), 10_000, "worker b holds its share, no more");
+        assert_eq!(r.worker(1).index_refused(), 90_000);
+        assert_eq!(r.worker(0).index_refused(), 0);
+        // Within its share b is as before: refreshing what it holds is never refused.
+        r.store_events(1, &flood[..10]);
+        assert_eq!(r.worker(1).index_refused(), 90_000);
+        let e = RoutingConfig { index_worker_share: 0.0, ..RoutingConfig::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("routing.index_worker_share"), "{e}");
     }
 
     #[test]

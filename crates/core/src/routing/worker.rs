@@ -58,8 +58,11 @@ pub struct Worker {
     publishes_events: AtomicBool,
     /// Draining: takes no new request, keeps those in flight (an operator is taking it out).
     draining: AtomicBool,
-    /// Removed from its pool: never selected again; its id is not reused.
+    /// Removed from its pool: never selected again; its id is reused only once nothing refers to it
+    /// (see [`super::Router`]).
     removed: AtomicBool,
+    /// Event blocks the index refused: the worker already held its share of the index.
+    index_refused: AtomicU64,
     pub(crate) load: LoadCounters,
     cache: CacheRoom,
 }
@@ -83,6 +86,7 @@ impl Worker {
             publishes_events: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
+            index_refused: AtomicU64::new(0),
             load: LoadCounters::default(),
             cache: CacheRoom::default(),
         }
@@ -173,6 +177,15 @@ impl Worker {
     /// Free blocks in the worker's cache (saturating), if its capacity is known.
     pub fn cache_room(&self) -> Option<u64> {
         self.cache_capacity().map(|c| c.saturating_sub(self.cache.held.load(Ordering::Relaxed)))
+    }
+
+    /// Event blocks of this worker the index refused because it held its share (a counter).
+    pub fn index_refused(&self) -> u64 {
+        self.index_refused.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_index_refused(&self, n: u64) {
+        self.index_refused.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The load currently held on this worker.

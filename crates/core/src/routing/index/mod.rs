@@ -18,7 +18,10 @@
 //! since the index was created; an entry is fresh while `now − stamp ≤ ttl`.
 //!
 //! **Memory is bounded by one global budget of keys** (`max_blocks`, LRU over keys, never per worker):
-//! inserting a key beyond it evicts the least recently written key for every worker. Writes touch a
+//! inserting a key beyond it evicts the least recently written key for every worker. **One worker's
+//! events hold at most its share** ([`BlockIndex::with_worker_share`]): a new `Event` entry for a
+//! worker already holding that many is refused (counted by the caller), so a worker publishing far more
+//! blocks than any cache holds cannot push the other workers' entries out of the LRU. Writes touch a
 //! prompt's blocks last-to-first, so its head is the most recent and the tail of a prefix is evicted
 //! before its head (a lost head block makes every later block useless). Probes do not refresh
 //! recency. A key costs a 32-byte node (two holders inline) and an 8-byte table entry at a load factor
@@ -138,12 +141,28 @@ impl BlockIndex {
     pub fn new(max_blocks: usize, approx_ttl_secs: u64, pending_ttl_secs: u64) -> BlockIndex {
         let secs = |s: u64| u32::try_from(s).unwrap_or(u32::MAX);
         BlockIndex {
-            store: Mutex::new(Store::new(max_blocks.clamp(1, MAX_BLOCKS), rand::random())),
+            store: Mutex::new(Store::new(max_blocks.clamp(1, MAX_BLOCKS), MAX_BLOCKS, rand::random())),
             epoch: Instant::now(),
             ttls: Ttls { pending: secs(pending_ttl_secs), approximate: secs(approx_ttl_secs) },
             #[cfg(test)]
             after_chunk: std::sync::Mutex::new(None),
         }
+    }
+
+    /// At most `share` `Event` entries per worker (default: the whole budget; clamped to 1..=budget).
+    pub fn with_worker_share(self, share: usize) -> BlockIndex {
+        self.lock().set_share(share);
+        self
+    }
+
+    /// Entries `worker` holds, of every source (0 for an out-of-range id).
+    pub fn held_by(&self, worker: usize) -> usize {
+        worker_id(worker).map_or(0, |w| self.lock().held_by(w) as usize)
+    }
+
+    /// `Event` entries `worker` holds (what its share bounds).
+    pub fn events_held_by(&self, worker: usize) -> usize {
+        worker_id(worker).map_or(0, |w| self.lock().events_held_by(w) as usize)
     }
 
     /// Keys currently held (never more than the budget).
@@ -222,14 +241,15 @@ impl BlockIndex {
         self.write(Write::Put(source), worker, blocks, now);
     }
 
-    /// `worker` announced it now caches `keys` (a `BlockStored` event, keys in chain order).
-    pub fn store_events(&self, worker: usize, keys: &[u64]) {
-        self.store_events_at(worker, keys, Instant::now());
+    /// `worker` announced it now caches `keys` (a `BlockStored` event, keys in chain order). Returns
+    /// how many were refused because the worker holds its share of events.
+    pub fn store_events(&self, worker: usize, keys: &[u64]) -> usize {
+        self.store_events_at(worker, keys, Instant::now())
     }
 
     /// [`store_events`](Self::store_events) at an explicit time.
-    pub fn store_events_at(&self, worker: usize, keys: &[u64], now: Instant) {
-        self.write(Write::Put(Source::Event), worker, keys, now);
+    pub fn store_events_at(&self, worker: usize, keys: &[u64], now: Instant) -> usize {
+        self.write(Write::Put(Source::Event), worker, keys, now)
     }
 
     /// `worker` evicted `keys` (a `BlockRemoved` event): its entries go, whatever their source.
@@ -261,22 +281,25 @@ impl BlockIndex {
         }
     }
 
-    /// Applies `op` to `keys` last-to-first, [`WRITE_CHUNK`] keys per lock hold.
-    fn write(&self, op: Write, worker: usize, keys: &[u64], now: Instant) {
+    /// Applies `op` to `keys` last-to-first, [`WRITE_CHUNK`] keys per lock hold; returns how many
+    /// writes were refused (see `Store::write`).
+    fn write(&self, op: Write, worker: usize, keys: &[u64], now: Instant) -> usize {
         let Some(worker) = worker_id(worker) else {
-            return;
+            return 0;
         };
         let now = self.stamp(now);
+        let mut refused = 0;
         for chunk in keys.rchunks(WRITE_CHUNK) {
             let mut store = self.lock();
             for &key in chunk.iter().rev() {
-                store.write(op, key, worker, now);
+                refused += usize::from(!store.write(op, key, worker, now));
             }
             store.sweep(now, self.ttls, chunk.len());
             // A waiting probe goes before the next chunk (see the module docs).
             MutexGuard::unlock_fair(store);
             self.chunk_done();
         }
+        refused
     }
 
     #[cfg(not(test))]

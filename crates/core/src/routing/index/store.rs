@@ -65,12 +65,16 @@ pub(super) struct Store {
     counts: BySource,
     /// Entries per worker: lets `clear_worker` stop as soon as the worker's last entry is gone.
     per_worker: Vec<u32>,
+    /// `Event` entries per worker, held to `share` (see [`Store::write`]).
+    per_worker_events: Vec<u32>,
+    /// Most `Event` entries one worker may hold: its share of the budget.
+    share: u32,
     /// Next slot the sweep looks at.
     hand: usize,
 }
 
 impl Store {
-    pub(super) fn new(max_blocks: usize, seed: u64) -> Store {
+    pub(super) fn new(max_blocks: usize, share: usize, seed: u64) -> Store {
         Store {
             table: Table::new(max_blocks, seed),
             nodes: Vec::new(),
@@ -81,6 +85,8 @@ impl Store {
             max_blocks,
             counts: BySource::default(),
             per_worker: vec![0; MAX_WORKERS],
+            per_worker_events: vec![0; MAX_WORKERS],
+            share: u32::try_from(share.clamp(1, max_blocks)).unwrap_or(u32::MAX),
             hand: 0,
         }
     }
@@ -102,6 +108,15 @@ impl Store {
         self.per_worker[usize::from(worker)]
     }
 
+    /// Sets the most `Event` entries one worker may hold (clamped to 1..=`max_blocks`).
+    pub(super) fn set_share(&mut self, share: usize) {
+        self.share = u32::try_from(share.clamp(1, self.max_blocks)).unwrap_or(u32::MAX);
+    }
+
+    pub(super) fn events_held_by(&self, worker: u16) -> u32 {
+        self.per_worker_events[usize::from(worker)]
+    }
+
     /// The slot of each of `keys` (NIL where absent). Looking several keys up in one loop lets their
     /// cache misses (table entry, then node) overlap instead of following one another.
     pub(super) fn find_all(&self, keys: &[u64], slots: &mut [u32]) {
@@ -117,13 +132,32 @@ impl Store {
 
     /// Applies one write for (`key`, `worker`) at stamp `now`. Expired entries of the key are left to
     /// the sweep: a probe never counts them, and checking them on every write doubled its cost.
-    pub(super) fn write(&mut self, op: Write, key: u64, worker: u16, now: u32) {
-        match (op, self.find(key)) {
+    /// Returns false when the write was refused: a new `Event` entry for a worker that already holds
+    /// its share of the budget in events (so one worker's events can never push every other worker's
+    /// entries out of the global LRU). Refreshing an event entry it holds is never refused.
+    pub(super) fn write(&mut self, op: Write, key: u64, worker: u16, now: u32) -> bool {
+        let slot = self.find(key);
+        if matches!(op, Write::Put(Source::Event)) && self.over_share(slot, worker) {
+            return false;
+        }
+        match (op, slot) {
             (Write::Put(source), Some(slot)) => self.put_existing(slot, worker, source, now),
             (Write::Put(source), None) => self.insert(key, Holder { worker, source, stamp: now }),
             (Write::Remove, Some(slot)) => self.remove_holder(slot, worker),
             (Write::Remove, None) => {}
         }
+        true
+    }
+
+    /// `worker` holds its share of events and an event at `slot` would be a new one for it.
+    fn over_share(&self, slot: Option<u32>, worker: u16) -> bool {
+        // A share of the whole budget is no limit: the global LRU alone applies, as it always did.
+        if self.per_worker_events[usize::from(worker)] < self.share || self.share as usize >= self.max_blocks {
+            return false; // the common case: no holder walk
+        }
+        let holds_event =
+            |slot: u32| self.nodes[slot as usize].holders.any(|h| h.worker == worker && h.source == Source::Event);
+        !slot.is_some_and(holds_event)
     }
 
     /// Removes `worker` from the live keys in `slots`.
@@ -228,12 +262,11 @@ impl Store {
         if !self.nodes[slot as usize].holders.any(|h| !ttls.fresh(h, now)) {
             return;
         }
-        let Store { nodes, counts, per_worker, .. } = self;
+        let Store { nodes, counts, per_worker, per_worker_events, .. } = self;
         nodes[slot as usize].holders.retain(|h| {
             let keep = ttls.fresh(h, now);
             if !keep {
-                counts.sub(h);
-                per_worker[usize::from(h.worker)] -= 1;
+                uncount(counts, per_worker, per_worker_events, h);
             }
             keep
         });
@@ -252,14 +285,11 @@ impl Store {
             return;
         }
         self.unlink(slot);
-        let Store { nodes, counts, per_worker, table, .. } = self;
+        let Store { nodes, counts, per_worker, per_worker_events, table, .. } = self;
         let key = nodes[slot as usize].key;
         table.remove(key, |s| nodes[s as usize].key);
         let node = &mut nodes[slot as usize];
-        node.holders.for_each(|h| {
-            counts.sub(h);
-            per_worker[usize::from(h.worker)] -= 1;
-        });
+        node.holders.for_each(|h| uncount(counts, per_worker, per_worker_events, h));
         node.holders = Holders::NONE; // releases a heap list now, not when the slot is reused
         node.next = self.free;
         self.free = slot;
@@ -269,11 +299,13 @@ impl Store {
     fn count_add(&mut self, h: Holder) {
         self.counts.add(h);
         self.per_worker[usize::from(h.worker)] += 1;
+        if h.source == Source::Event {
+            self.per_worker_events[usize::from(h.worker)] += 1;
+        }
     }
 
     fn count_sub(&mut self, h: Holder) {
-        self.counts.sub(h);
-        self.per_worker[usize::from(h.worker)] -= 1;
+        uncount(&mut self.counts, &mut self.per_worker, &mut self.per_worker_events, h);
     }
 
     fn unlink(&mut self, slot: u32) {
@@ -304,5 +336,14 @@ impl Store {
             o => self.nodes[o as usize].prev = slot,
         }
         self.head = slot;
+    }
+}
+
+/// Takes one entry out of the running counts (split from [`Store`] so callers can borrow its nodes).
+fn uncount(counts: &mut BySource, per_worker: &mut [u32], per_worker_events: &mut [u32], h: Holder) {
+    counts.sub(h);
+    per_worker[usize::from(h.worker)] -= 1;
+    if h.source == Source::Event {
+        per_worker_events[usize::from(h.worker)] -= 1;
     }
 }

@@ -252,7 +252,7 @@ fn a_thousand_and_twenty_four_workers_each_keep_their_own_overlap() {
     for w in (0..MAX_WORKERS).rev() {
         let n = w % 9;
         match w % 3 {
-            0 => idx.store_events(w, &b[..n]),
+            0 => _ = idx.store_events(w, &b[..n]),
             1 => idx.record(w, &b[..n], Pending),
             _ => idx.record(w, &b[..n], Approximate),
         }
@@ -507,7 +507,7 @@ mod model {
             Op::Record { worker, start, len, pending } => {
                 idx.record_at(worker, &range(start, len), if pending { Pending } else { Approximate }, at)
             }
-            Op::Store { worker, start, len } => idx.store_events_at(worker, &range(start, len), at),
+            Op::Store { worker, start, len } => _ = idx.store_events_at(worker, &range(start, len), at),
             Op::Remove { worker, start, len } => idx.remove_events_at(worker, &range(start, len), at),
             Op::RemoveWorker { worker } => idx.remove_worker(worker),
             Op::Wait { .. } => {}
