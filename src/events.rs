@@ -130,7 +130,7 @@ pub fn start(
         discovery_refused: Arc::default(),
         reset_log: Throttle::new(LOG_WINDOW),
     });
-    let limits = st.running.lock().unwrap_or_else(|e| e.into_inner()).kv_events.clone();
+    let limits = st.kv_events.clone();
     let refused = feeds.discovery_refused.clone();
     let (st, weak, settings) = (Arc::downgrade(st), Arc::downgrade(&feeds), settings.clone());
     // On the feeds' own runtime: what `follow` and the feeds spawn from here runs there too.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::Router;
 
-use crate::config::{PoolSettings, Settings, WorkerSettings};
+use crate::config::{KvEventsSection, PoolSettings, Settings, WorkerSettings};
 use crate::events::WorkerFeeds;
 use crate::observe::Observer;
 use crate::retry::{RetryBudget, RetryConfig};
@@ -32,6 +32,9 @@ pub struct AppState {
     /// pools and workers takes (reload, admin add/drain/remove), so each is validated against what is
     /// in force and applied whole, one at a time.
     pub running: std::sync::Mutex<Settings>,
+    /// `[kv_events]`, fixed for the process (a reload refuses changes): readable while a change holds
+    /// `running`, as starting a worker's feeds does.
+    pub kv_events: KvEventsSection,
     /// The file it was read from, when there is one (`POST /admin/reload`).
     pub config_path: OnceLock<std::path::PathBuf>,
     /// Set once shutdown starts (see [`AppState::start_draining`]).
@@ -123,6 +126,7 @@ impl AppState {
             max_body_bytes: cfg.server.max_body_bytes,
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             running: std::sync::Mutex::new(cfg.clone()),
+            kv_events: cfg.kv_events.clone(),
             config_path: OnceLock::new(),
             draining: AtomicBool::new(false),
         }))
