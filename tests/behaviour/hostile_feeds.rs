@@ -9,12 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use rmpv::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use zeromq::{Socket, SocketSend};
 
 use crate::harness::*;
+use crate::kv_events::{batch, batch_at, debug, stored};
 
 /// What an attack may add to the router's resident memory over idle (README "Precise routing": one
 /// message is bounded by `kv_events.max_message_bytes`, held replay batches by `max_replay_buffer_bytes`).
@@ -252,38 +252,6 @@ async fn answer_discovery(mut sock: TcpStream) -> std::io::Result<()> {
     sock.flush().await
 }
 
-fn s(v: &str) -> Value {
-    Value::from(v)
-}
-
-/// A vLLM ≥ 0.24 batch `[ts, [events…], dp_rank]`.
-fn batch_at(ts: f64, events: Vec<Value>) -> Vec<u8> {
-    let mut buf = Vec::new();
-    rmpv::encode::write_value(&mut buf, &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]))
-        .unwrap();
-    buf
-}
-
-fn batch(events: Vec<Value>) -> Vec<u8> {
-    batch_at(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64(), events)
-}
-
-fn stored(hashes: &[u64], tokens: &[u64]) -> Value {
-    stored_sized(hashes, tokens, 16)
-}
-
-fn stored_sized(hashes: &[u64], tokens: &[u64], block_size: u64) -> Value {
-    Value::Map(vec![
-        (s("type"), s("BlockStored")),
-        (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
-        (s("parent_block_hash"), Value::Nil),
-        (s("token_ids"), Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
-        (s("block_size"), Value::from(block_size)),
-        (s("lora_id"), Value::Nil),
-        (s("medium"), s("GPU")),
-    ])
-}
-
 fn message(seq: u64, payload: Vec<u8>) -> zeromq::ZmqMessage {
     let frames = vec![bytes::Bytes::new(), bytes::Bytes::from(seq.to_be_bytes().to_vec()), bytes::Bytes::from(payload)];
     zeromq::ZmqMessage::try_from(frames).unwrap()
@@ -325,22 +293,9 @@ fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
-async fn route(url: &str, body: &[u8]) -> serde_json::Value {
-    client()
-        .post(format!("{url}/debug/route?tokens=true"))
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// Event-sourced overlap of worker `w` for `body`.
 async fn event_overlap(url: &str, body: &[u8], w: usize) -> u64 {
-    route(url, body).await["overlap_sources"][w]["events"].as_u64().unwrap_or(0)
+    debug(url, body).await["overlap_sources"][w]["events"].as_u64().unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,10 +338,10 @@ async fn hostile_publishers_and_documents_leave_the_router_running_bounded_and_r
 
     // The good worker announces a prompt's blocks; the router's view of it must survive everything below.
     let body = chat_body(&[], &"Tell me a long story about routers and caches. ".repeat(8), false);
-    let ids: Vec<u64> = serde_json::from_value(route(&url, &body).await["token_ids"].clone()).unwrap();
+    let ids: Vec<u64> = serde_json::from_value(debug(&url, &body).await["token_ids"].clone()).unwrap();
     let blocks = ids.len() / 16;
     let hashes: Vec<u64> = (0..blocks as u64).map(|i| 0xE000 + i).collect();
-    let announce = batch(vec![stored(&hashes, &ids[..blocks * 16])]);
+    let announce = batch(vec![stored(&hashes, &ids[..blocks * 16], 16)]);
     let mut learnt = false;
     for _ in 0..200 {
         good.send(message(0, announce.clone())).await.unwrap();
@@ -406,7 +361,7 @@ async fn hostile_publishers_and_documents_leave_the_router_running_bounded_and_r
             .map(|e| {
                 let tokens: Vec<u64> = (0..16_000).map(|t| 100_000 + (e * 16_000 + t) % 50_000).collect();
                 let hashes: Vec<u64> = (0..500).map(|h| 0xB000_0000 + e * 1000 + h).collect();
-                stored_sized(&hashes, &tokens, 32)
+                stored(&hashes, &tokens, 32)
             })
             .collect(),
     );

@@ -13,16 +13,20 @@ fn s(v: &str) -> Value {
     Value::from(v)
 }
 
-/// A vLLM ≥ 0.24 batch `[ts, [events…], dp_rank]`, events as maps keyed by field name.
-fn batch(events: Vec<Value>) -> Vec<u8> {
-    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+/// A vLLM ≥ 0.24 batch `[ts, [events…], dp_rank]` stamped now, events as maps keyed by field name.
+pub(crate) fn batch(events: Vec<Value>) -> Vec<u8> {
+    batch_at(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64(), events)
+}
+
+/// The same batch with the engine timestamp `ts`.
+pub(crate) fn batch_at(ts: f64, events: Vec<Value>) -> Vec<u8> {
     let mut buf = Vec::new();
     rmpv::encode::write_value(&mut buf, &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]))
         .unwrap();
     buf
 }
 
-fn stored(hashes: &[u64], tokens: &[u64], block_size: u64) -> Value {
+pub(crate) fn stored(hashes: &[u64], tokens: &[u64], block_size: u64) -> Value {
     Value::Map(vec![
         (s("type"), s("BlockStored")),
         (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
@@ -43,7 +47,7 @@ fn removed(hashes: &[u64]) -> Value {
     ])
 }
 
-async fn debug(url: &str, body: &[u8]) -> serde_json::Value {
+pub(crate) async fn debug(url: &str, body: &[u8]) -> serde_json::Value {
     client()
         .post(format!("{url}/debug/route?tokens=true"))
         .header("content-type", "application/json")
