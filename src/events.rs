@@ -6,6 +6,12 @@
 //!
 //! Endpoints come from `[[workers]] kv_events` or, with `kv_events = "discover"`, from the worker
 //! itself (vLLM `GET /kv_event_sources`, SGLang `GET /server_info`), retried until it answers.
+//!
+//! Everything a worker sends here is untrusted input (issue 20): the feeds enforce `[kv_events]`'s
+//! message and replay bounds before allocating, a discovery document is read up to
+//! `discovery_max_bytes` without redirects and must name few ranks on the worker's own host, and what
+//! is refused is counted by reason ([`WorkerFeeds::refused`]). Feeds, decoding and index updates run on
+//! a runtime of their own ([`runtime`]), so none of it costs a request or `/health` latency.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
