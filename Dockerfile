@@ -14,9 +14,11 @@ COPY Cargo.toml Cargo.lock ./
 COPY crates/core/Cargo.toml crates/core/Cargo.toml
 COPY crates/sim/Cargo.toml crates/sim/Cargo.toml
 COPY crates/loadgen/Cargo.toml crates/loadgen/Cargo.toml
+COPY crates/kv-events/Cargo.toml crates/kv-events/Cargo.toml
+COPY crates/tokenize/Cargo.toml crates/tokenize/Cargo.toml
 RUN <<'EOF'
 set -eu
-for dir in . crates/core crates/sim crates/loadgen; do
+for dir in . crates/core crates/sim crates/loadgen crates/kv-events crates/tokenize; do
     mkdir -p "$dir/src"
     : > "$dir/src/lib.rs"
     awk -F'"' '
