@@ -22,7 +22,6 @@ use mmrouter_kv_events::discovery::{parse_sglang_server_info, parse_vllm_kv_even
 use mmrouter_kv_events::{spawn_feed, FeedConfig, FeedEvent, FeedHandle, FeedStats};
 
 use crate::config::{EventSource, KvEventsSection, WorkerSettings};
-use crate::logging::Throttle;
 use crate::state::{AppState, Pool};
 
 /// Most engine block hashes one worker's event state tracks (a GPU holds far fewer blocks); beyond it
@@ -36,8 +35,6 @@ const DISCOVERY_RETRY_MAX: Duration = Duration::from_secs(60);
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A batch older than this (a day) carries a wrong clock, not a lag worth a histogram sample.
 const MAX_PLAUSIBLE_LAG_SECS: f64 = 86_400.0;
-/// At most one log line of a kind per worker per window.
-const LOG_WINDOW: Duration = Duration::from_secs(10);
 
 /// One worker's feeds and event state. Lives with its worker (its pool keeps it by worker id from
 /// the worker's addition to its removal); [`WorkerFeeds::stop`] ends its tasks.
@@ -55,8 +52,6 @@ pub struct WorkerFeeds {
     resolver: Mutex<Option<tokio::task::AbortHandle>>,
     /// Discovery documents refused, by reason (the feeds count what they refuse themselves).
     discovery_refused: Arc<Refusals>,
-    /// Resets logged at most once per window (a hostile publisher can reset at line rate).
-    reset_log: Throttle,
 }
 
 impl WorkerFeeds {
@@ -134,7 +129,6 @@ pub fn start(
         handles: Mutex::new(Some(Vec::new())),
         resolver: Mutex::new(None),
         discovery_refused: Arc::default(),
-        reset_log: Throttle::new(LOG_WINDOW),
     });
     let limits = st.kv_events.clone();
     let refused = feeds.discovery_refused.clone();
@@ -334,12 +328,8 @@ async fn follow(
                 // An engine removes blocks only to make room: the cache is full at `held`.
                 router.worker(w).report_cache(held as u64, !ops.removed.is_empty() && !ops.cleared);
             }
-            FeedEvent::Reset { reason } => {
-                // A publisher can reset as fast as it can send: one line per window, with the count.
-                if let Some(suppressed) = feeds.reset_log.admit() {
-                    tracing::warn!(worker = %router.worker(w).name(), reason = reason.label(), suppressed,
-                        "kv events: state reset");
-                }
+            // Logged (rate-limited) by the feed itself.
+            FeedEvent::Reset { .. } => {
                 feeds.ingest.lock().unwrap_or_else(|e| e.into_inner()).reset();
                 router.clear_worker(w);
                 router.worker(w).report_cache(0, false);

@@ -3,8 +3,6 @@
 //! feature and its extra dependencies.
 
 use std::fmt;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -62,55 +60,5 @@ impl Visit for Fields {
     }
     fn record_debug(&mut self, f: &Field, v: &dyn fmt::Debug) {
         self.0.insert(f.name().into(), format!("{v:?}").into());
-    }
-}
-
-/// Rate limit for a log line that input can trigger at will (a worker's event feed): the first occurrence
-/// is written, then at most one per window, telling how many were left out. Counters, not logs, carry
-/// the totals.
-#[derive(Debug)]
-pub struct Throttle {
-    window: Duration,
-    /// When the last line was written, and how many occurrences were left out since.
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl Throttle {
-    pub fn new(window: Duration) -> Throttle {
-        Throttle { window, state: Mutex::new((None, 0)) }
-    }
-
-    /// `Some(left out since the last line)` when a line may be written now; `None` to stay quiet.
-    pub fn admit(&self) -> Option<u64> {
-        self.admit_at(Instant::now())
-    }
-
-    fn admit_at(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (last, suppressed) = &mut *state;
-        if last.is_some_and(|t| now.duration_since(t) < self.window) {
-            *suppressed += 1;
-            return None;
-        }
-        *last = Some(now);
-        Some(std::mem::take(suppressed))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn throttle_writes_one_line_per_window_with_the_count() {
-        let t = Throttle::new(Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert_eq!(t.admit_at(t0), Some(0));
-        for i in 1..=5 {
-            assert_eq!(t.admit_at(t0 + Duration::from_secs(i)), None);
-        }
-        assert_eq!(t.admit_at(t0 + Duration::from_secs(10)), Some(5));
-        assert_eq!(t.admit_at(t0 + Duration::from_secs(11)), None);
-        assert_eq!(t.admit_at(t0 + Duration::from_secs(25)), Some(1));
     }
 }

@@ -1,4 +1,4 @@
-//! Rate-limited WARN logging of refused input.
+//! Rate-limited logging of what a publisher can trigger at will: refused input and resets.
 //!
 //! A hostile or broken publisher can make every message a refusal; one log line each once produced 214 MB
 //! of log in 20 s. The first occurrence of each kind is logged with its details, later ones are counted
@@ -52,12 +52,12 @@ impl LogLimit {
     }
 }
 
-/// Logs one refusal through `limit`: `detail` runs only for the first of its kind.
+/// Logs one refusal or reset through `limit`: `detail` runs only for the first of its kind.
 pub(crate) fn warn(limit: &mut LogLimit, endpoint: &str, kind: &'static str, detail: impl FnOnce()) {
     match limit.record(kind, Instant::now()) {
         Verdict::Log => detail(),
         Verdict::Summary(counts) => {
-            tracing::warn!(endpoint, suppressed = ?counts, "kv event feed: more refused input (repeats suppressed)")
+            tracing::warn!(endpoint, suppressed = ?counts, "kv event feed: more refusals or resets (repeats suppressed)")
         }
         Verdict::Quiet => {}
     }

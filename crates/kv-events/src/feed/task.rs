@@ -295,8 +295,13 @@ impl Feed {
                 }
             },
             Action::Reset(reason) => {
-                tracing::info!(endpoint = %self.cfg.endpoint, dp_rank = self.cfg.dp_rank, reason = reason.label(),
-                    "kv event feed reset");
+                // A publisher can make the seq go back with every message: resets share the refusals'
+                // rate limit (the first of each reason in full, then summaries).
+                let cfg = self.cfg.clone();
+                log_limit::warn(&mut self.log_limit, &cfg.endpoint, reason.label(), || {
+                    tracing::info!(endpoint = %cfg.endpoint, dp_rank = cfg.dp_rank, reason = reason.label(),
+                        "kv event feed reset");
+                });
                 self.send(FeedEvent::Reset { reason }).await
             }
             Action::StartReplay { from } => {
