@@ -63,10 +63,14 @@ async fn health_answers_while_large_prompts_are_planned() {
     let c = cluster_with(sims(1, fast).await, "[model]\nmax_prompt_tokens = 4000000").await;
     // Three prompts of ~4 MB, millions of tokens each: more than the runtime's two threads, so planning
     // them on the runtime would leave none for `/health`.
-    let big: Vec<_> = (0..3)
-        .map(|i| {
+    // The bodies are built before any is sent: building one takes long enough in a debug build for the
+    // first prompt to be planned and forwarded before the loop below starts (seen on CI).
+    let bodies: Vec<_> = (0..3).map(|i| chat_body(&[], &format!("{i} {}", text_of(4_150_000)), false)).collect();
+    let health = client();
+    let big: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
             let url = c.url.clone();
-            let body = chat_body(&[], &format!("{i} {}", text_of(4_150_000)), false);
             tokio::spawn(async move {
                 let r = post_to(&url, "/v1/chat/completions", body).await;
                 (r.status(), r.text().await.unwrap_or_default())
@@ -76,12 +80,16 @@ async fn health_answers_while_large_prompts_are_planned() {
     // Until the proxy forwards the first of them (it has planned one), `/health` must keep answering.
     let mut answered = 0;
     // Five answers: planning on the runtime allows at most one (measured 15–36 with the blocking pool).
-    while c.sims[0].stats().requests == 0 && answered < 5 {
-        let health = client().get(format!("{}/health", c.url)).send().await.unwrap();
-        assert_eq!(health.status(), 200);
+    let mut forwarded_meanwhile = 0;
+    while answered < 5 {
+        forwarded_meanwhile = c.sims[0].stats().requests;
+        if forwarded_meanwhile > 0 {
+            break;
+        }
+        let r = health.get(format!("{}/health", c.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
         answered += 1;
     }
-    let forwarded_meanwhile = c.sims[0].stats().requests;
     eprintln!("/health answered {answered} times before the first large prompt was forwarded");
     for b in big {
         let (status, text) = b.await.unwrap();
