@@ -4,6 +4,7 @@
 
 mod accounting_cli;
 mod admin;
+mod architecture;
 mod cli;
 mod conn;
 mod count_cli;
