@@ -2,31 +2,20 @@
 //! cache already holds most of its prompt, images included. See ARCHITECTURE.md for the map.
 //!
 //! This crate is the HTTP layer over `mmrouter-core` (the pipeline: parse, intake, account, plan,
-//! select): [`server`] (routes, state), [`proxy`] (the request's path), [`upstream`] (forward and
-//! relay), [`retry`] (retry policy and budget), [`observe`] (every metric), [`health`], [`config`] (file → validated settings),
-//! [`error`] (OpenAI-shaped errors), and the `demo`, `count` and `render` subcommands. The client
-//! side: [`conn`] (accept loop, timeouts, caps, drain) and the front door [`front`] ([`access`],
-//! [`auth`], [`admission`]); [`logging`] sets up the log format.
+//! select), in rooms: [`config`] (file → validated settings), `front` (connections, access log, auth,
+//! admission), `proxy` (a request's phases over one context), `upstream` (clients, retries, relay),
+//! `pools` (pools, workers, feeds, health checks, reload), [`observe`] (every metric, log formats),
+//! `ops` (admin API, `/health`, `/metrics`, `/v1/models`), [`server`] (composes them) and [`cli`]
+//! (`demo`, `count`, `render`). Only what another crate uses is public.
 
-pub mod access;
-pub mod admin;
-pub mod admission;
-pub mod auth;
-pub mod bodies;
+pub mod cli;
 pub mod config;
-pub mod conn;
-pub mod count;
-pub mod demo;
-pub mod error;
-pub mod events;
-pub mod front;
-pub mod health;
-pub mod logging;
+mod error;
+mod front;
 pub mod observe;
-pub mod proxy;
-pub mod reload;
-pub mod render;
-pub mod retry;
+mod ops;
+mod pools;
+mod proxy;
 pub mod server;
-pub mod state;
-pub mod upstream;
+mod state;
+mod upstream;

@@ -84,11 +84,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `serve` picks its log format from its config file, once read.
     if !matches!(cli.cmd, Cmd::Serve { .. }) {
-        mmrouter::logging::init(false);
+        mmrouter::observe::logging::init(false);
     }
     let result = match cli.cmd {
         Cmd::Count { model_dir, family, processor_kwargs, sizes, files, json } => {
-            mmrouter::count::run_count(&model_dir, family.as_deref(), processor_kwargs.as_deref(), &sizes, &files, json)
+            mmrouter::cli::count::run_count(&mmrouter::cli::count::CountArgs {
+                model_dir: &model_dir,
+                family: family.as_deref(),
+                processor_kwargs: processor_kwargs.as_deref(),
+                sizes: &sizes,
+                files: &files,
+                json,
+            })
         }
         Cmd::Workload(opts) => mmrouter_loadgen::generate_workload(&opts).map(|n| {
             eprintln!("wrote {n} requests");
@@ -119,7 +126,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Serve { config, listen } => {
             let mut cfg = mmrouter::config::Settings::load(&config)?;
-            mmrouter::logging::init(cfg.server.conn.log_json);
+            mmrouter::observe::logging::init(cfg.server.conn.log_json);
             if let Some(l) = listen {
                 cfg.server.listen =
                     l.parse().map_err(|_| anyhow::anyhow!("--listen: '{l}' is not an address like 127.0.0.1:8080"))?;
@@ -130,9 +137,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
             mmrouter::server::serve_file(cfg, config, listener, shutdown_signal()).await
         }
-        Cmd::Demo { port, workers, models } => mmrouter::demo::run(port, workers, &models, shutdown_signal()).await,
+        Cmd::Demo { port, workers, models } => {
+            mmrouter::cli::demo::run(port, workers, &models, shutdown_signal()).await
+        }
         Cmd::Sim(opts) => mmrouter_sim::run_exact(opts, shutdown_signal()).await,
-        Cmd::Render { model_dir, request, completion } => mmrouter::render::run(&model_dir, &request, completion).await,
+        Cmd::Render { model_dir, request, completion } => {
+            mmrouter::cli::render::run(&model_dir, &request, completion).await
+        }
         Cmd::Loadgen(opts) => {
             let report = mmrouter_loadgen::run(opts).await?;
             println!("{}", report.table());

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use mmrouter::count::{count_rows, render_json, render_table, run_count, CountRow};
+use mmrouter::cli::count::{count_rows, render_json, render_table, run_count, CountArgs, CountRow};
 use mmrouter_core::accounting::Counter;
 use serde_json::{json, Map, Value};
 
@@ -69,12 +69,15 @@ fn rows_follow_input_order_and_report_reasons() {
 #[test]
 fn exit_code_reflects_failures() {
     let dir = qwen_dir();
-    let ok = run_count(dir.path().to_str().unwrap(), None, None, &["28x28".to_string()], &[], true).unwrap();
+    fn args<'a>(model_dir: &'a str, sizes: &'a [String], json: bool) -> CountArgs<'a> {
+        CountArgs { model_dir, family: None, processor_kwargs: None, sizes, files: &[], json }
+    }
+    let ok = run_count(&args(dir.path().to_str().unwrap(), &["28x28".to_string()], true)).unwrap();
     assert_eq!(ok, 0);
-    let failed = run_count(dir.path().to_str().unwrap(), None, None, &["0x28".to_string()], &[], false).unwrap();
+    let failed = run_count(&args(dir.path().to_str().unwrap(), &["0x28".to_string()], false)).unwrap();
     assert_eq!(failed, 1);
     let missing = tempfile::tempdir().unwrap();
-    assert!(run_count(missing.path().to_str().unwrap(), None, None, &[], &[], true).is_err());
+    assert!(run_count(&args(missing.path().to_str().unwrap(), &[], true)).is_err());
 }
 
 #[test]

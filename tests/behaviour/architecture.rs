@@ -437,3 +437,107 @@ fn the_cycle_reader_sees_use_trees_super_paths_and_re_exports() {
     assert!(e.contains_key(&(src.join("b.rs"), src.join("a/mod.rs"))), "{e:?}");
     assert!(!e.keys().any(|(f, _)| f == &src.join("lib.rs")), "{e:?}");
 }
+
+/// The room of a server file: its first path component under `src/` (`proxy`, `front`, …; `state`,
+/// `server`, `error` for the single files).
+fn room(p: &Path) -> String {
+    let rel = p.strip_prefix(root().join("src")).unwrap_or(p);
+    let first = rel.components().next().map(|c| c.as_os_str().to_string_lossy().to_string()).unwrap_or_default();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// Each room and the rooms it may import from (itself always): ARCHITECTURE.md's "must not know" lines.
+const ROOMS: &[(&str, &[&str])] = &[
+    ("config", &[]),
+    ("observe", &[]),
+    ("error", &[]),
+    ("upstream", &["config", "error"]),
+    ("front", &["config", "observe", "error"]),
+    ("pools", &["config", "observe"]),
+    ("state", &["config", "front", "observe", "pools", "upstream"]),
+    ("proxy", &["state", "pools", "upstream", "front", "observe", "config", "error"]),
+    ("ops", &["state", "pools", "front", "observe", "config", "error"]),
+];
+
+#[test]
+fn each_room_of_the_server_imports_only_what_it_may_know() {
+    let (lib, krate) = crates().into_iter().find(|(f, _)| f == &root().join("src/lib.rs")).expect("the server crate");
+    let mut wrong = Vec::new();
+    for ((from, to), why) in edges(&krate) {
+        let (a, b) = (room(&from), room(&to));
+        if a == b || b == "lib" {
+            continue;
+        }
+        match ROOMS.iter().find(|(r, _)| *r == a) {
+            Some((_, may)) if !may.contains(&b.as_str()) => {
+                wrong.push(format!("{} -> {} ({why}): {a} must not know {b}", rel(&from), rel(&to)))
+            }
+            // `server.rs`, `cli/`, `lib.rs` compose the rest: they may import any room.
+            _ => {}
+        }
+    }
+    for (path, file) in &krate.files {
+        if room(path) == "pools" && file.text.contains("axum::") {
+            wrong.push(format!("{}: the pools room uses axum", rel(path)));
+        }
+    }
+    assert!(krate.files.len() > 30, "{}: {} files", rel(&lib), krate.files.len());
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Parameters of every `fn` in `text`, by name, `self` excluded.
+fn signatures(text: &str) -> Vec<(String, Vec<String>)> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("fn ") {
+        let i = from + at;
+        from = i + 3;
+        if i > 0 && is_ident(b[i - 1]) {
+            continue;
+        }
+        let name: String = text[i + 3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(open) = text[i..].find('(').map(|o| i + o) else { continue };
+        let (mut depth, mut start, mut params) = (0i32, open + 1, Vec::new());
+        for j in open..b.len() {
+            let arrow = b[j] == b'>' && j > 0 && b[j - 1] == b'-';
+            match b[j] {
+                b'(' | b'[' | b'{' | b'<' => depth += 1,
+                b')' | b']' | b'}' => depth -= 1,
+                b'>' if !arrow => depth -= 1,
+                b',' if depth == 1 => {
+                    params.push(text[start..j].trim().to_string());
+                    start = j + 1;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                params.push(text[start..j].trim().to_string());
+                break;
+            }
+        }
+        params.retain(|p| {
+            !p.is_empty() && !p.trim_start_matches(['&', ' ']).trim_start_matches("mut ").starts_with("self")
+        });
+        out.push((name, params));
+    }
+    out
+}
+
+#[test]
+fn no_server_function_takes_more_than_four_arguments_besides_self_and_the_context() {
+    let (_, krate) = crates().into_iter().find(|(f, _)| f == &root().join("src/lib.rs")).expect("the server crate");
+    let mut long = Vec::new();
+    for (path, file) in &krate.files {
+        for (name, params) in signatures(&file.text) {
+            let counted: Vec<_> =
+                params.iter().filter(|p| !p.ends_with(": &mut Ctx") && !p.ends_with(": Ctx")).collect();
+            if counted.len() > 4 {
+                long.push(format!("{}: fn {name} takes {}", rel(path), counted.len()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "{}", long.join("\n"));
+    let probe = signatures("fn f(&self, a: impl Fn(u8, u8) -> u8, b: HashMap<K, V>, ctx: &mut Ctx) {}");
+    assert_eq!(probe[0].1.len(), 3, "{probe:?}");
+}

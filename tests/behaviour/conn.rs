@@ -50,7 +50,7 @@ fn half_sent_post(path: &str) -> String {
 }
 
 fn page(c: &Cluster) -> String {
-    c.state.observe.render([("p", &c.state.pools()[0].router, &[][..])])
+    mmrouter::server::metrics_text(&c.state)
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
@@ -185,7 +185,7 @@ async fn drainable(
 async fn shutdown_with_a_half_sent_request_ends_by_the_drain_deadline() {
     let (url, state, stop, task) = drainable("[server]\ndrain_timeout_ms = 300").await;
     let mut half = raw(&url, &half_sent_post("/v1/chat/completions")).await;
-    let page = || state.observe.render([("p", &state.pools()[0].router, &[][..])]);
+    let page = || mmrouter::server::metrics_text(&state);
     eventually("the half-sent request is in flight", || metric(&page(), "mmrouter_inflight_requests", "") == 1.0).await;
     stop.send(()).unwrap();
     tokio::time::timeout(PATIENCE, task).await.expect("serve returns after the drain deadline").unwrap();

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::state::AppState;
+use super::list::Pools;
 
 /// Polls every worker's `/health` each `interval` (`None`: no active checks).
-pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
+pub fn spawn_checks(pools: &Arc<Pools>, interval: Option<Duration>) {
     let Some(every) = interval else { return };
     let client = match mmrouter_core::http_client_builder().timeout(every.max(Duration::from_millis(500))).build() {
         Ok(c) => c,
@@ -19,14 +19,14 @@ pub fn spawn_checks(state: &Arc<AppState>, interval: Option<Duration>) {
         }
     };
     // Holding only a weak reference lets an embedded proxy (tests, demo) be dropped cleanly.
-    let weak = Arc::downgrade(state);
+    let weak = Arc::downgrade(pools);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(st) = weak.upgrade() else { return };
-            for pool in st.pools().iter() {
+            let Some(pools) = weak.upgrade() else { return };
+            for pool in pools.list().iter() {
                 check_pool(&client, &pool.router).await;
             }
         }

@@ -7,8 +7,10 @@ use std::path::Path;
 use anyhow::Context as _;
 use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
-use mmrouter_core::pipeline::{Pipeline, PipelineConfig, Planned};
+use mmrouter_core::pipeline::{Pipeline, PipelineConfig};
 use mmrouter_core::request::{Endpoint, Request};
+
+use crate::proxy::trace_json;
 
 /// Renders `request_file` (a chat-completions body; `-` reads standard input) for `model_dir` (a
 /// bundled profile name or an HF model directory) and prints one JSON object.
@@ -25,23 +27,6 @@ pub async fn run(model_dir: &str, request_file: &Path, completion: bool) -> anyh
     let endpoint = if completion { Endpoint::Completion } else { Endpoint::Chat };
     let request = Request::parse(endpoint, &body)?;
     let planned = pipeline.plan_with(&request, true).await?;
-    println!("{}", serde_json::to_string_pretty(&report(&planned))?);
+    println!("{}", serde_json::to_string_pretty(&trace_json(&planned))?);
     Ok(())
-}
-
-/// The plan and its trace as JSON (also what `/debug/route?tokens=true` adds).
-pub fn report(planned: &Planned) -> serde_json::Value {
-    let plan = &planned.plan;
-    let trace = planned.trace.as_ref();
-    serde_json::json!({
-        "route": plan.route.label(),
-        "reason": plan.fallback_reason(),
-        "prompt_tokens": plan.prompt_tokens,
-        "prompt_tokens_exact": plan.prompt_exact,
-        "text": trace.and_then(|t| t.text.as_deref()),
-        "token_ids": trace.map(|t| &t.ids),
-        "image_spans": trace.map(|t| t.spans.iter().map(|s| serde_json::json!({
-            "offset": s.offset, "length": s.len, "hash": format!("{:032x}", s.hash)
-        })).collect::<Vec<_>>()),
-    })
 }

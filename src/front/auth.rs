@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::config::{AuthSettings, UpstreamAuth};
 use crate::error::ApiError;
-use crate::front::Front;
+use crate::observe::Observer;
 
 /// The configured keys and the worker-side policy.
 pub struct Auth {
@@ -88,26 +88,28 @@ impl Auth {
 #[derive(Clone, Copy, Debug)]
 pub struct AdminAuthorized;
 
-/// Checks the request's key where one is required, and rewrites the worker-bound `Authorization`
-/// of `/v1/*` calls. Returns the 401 of a refused request.
-pub fn refusal(front: &Front, req: &mut Request) -> Option<Response> {
-    let v1 = req.uri().path().starts_with("/v1/");
-    if let Some((scope, keys)) = front.auth.required(req.uri().path()) {
-        if scope == Scope::Admin {
-            req.extensions_mut().insert(AdminAuthorized);
+impl Auth {
+    /// Checks the request's key where one is required, and rewrites the worker-bound `Authorization`
+    /// of `/v1/*` calls. Returns the 401 of a refused request (counted by scope).
+    pub fn refusal(&self, req: &mut Request, observe: &Observer) -> Option<Response> {
+        let v1 = req.uri().path().starts_with("/v1/");
+        if let Some((scope, keys)) = self.required(req.uri().path()) {
+            if scope == Scope::Admin {
+                req.extensions_mut().insert(AdminAuthorized);
+            }
+            if let Err(e) = check(keys, req.headers()) {
+                observe.auth_failed(scope.label());
+                observe.rejected(401, "invalid_api_key");
+                let mut resp = e.into_response();
+                resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return Some(resp);
+            }
         }
-        if let Err(e) = check(keys, req.headers()) {
-            front.state.observe.auth_failed(scope.label());
-            front.state.observe.rejected(401, "invalid_api_key");
-            let mut resp = e.into_response();
-            resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Some(resp);
+        if v1 {
+            self.rewrite_upstream(req.headers_mut());
         }
+        None
     }
-    if v1 {
-        front.auth.rewrite_upstream(req.headers_mut());
-    }
-    None
 }
 
 fn check(keys: &[Vec<u8>], headers: &HeaderMap) -> Result<(), ApiError> {

@@ -29,17 +29,25 @@ pub struct CountRow {
     pub error: Option<String>,
 }
 
+/// `mmrouter count`'s arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct CountArgs<'a> {
+    /// A bundled profile name or an HF model directory.
+    pub model_dir: &'a str,
+    /// Accounting family override (auto-detected when absent).
+    pub family: Option<&'a str>,
+    /// `--processor-kwargs` JSON.
+    pub processor_kwargs: Option<&'a str>,
+    pub sizes: &'a [String],
+    pub files: &'a [PathBuf],
+    pub json: bool,
+}
+
 /// Runs the subcommand for a bundled profile name or an HF model directory: prints the rows and
 /// returns the exit code (0 when every input was counted, 1 when any input failed). A model whose
 /// counter cannot be built is an `Err`.
-pub fn run_count(
-    model_dir: &str,
-    family: Option<&str>,
-    processor_kwargs: Option<&str>,
-    sizes: &[String],
-    files: &[PathBuf],
-    json: bool,
-) -> anyhow::Result<i32> {
+pub fn run_count(args: &CountArgs<'_>) -> anyhow::Result<i32> {
+    let CountArgs { model_dir, family, processor_kwargs, sizes, files, json } = *args;
     let family = family
         .map(|f| f.parse::<Family>().map_err(|_| anyhow::anyhow!("--family: unknown family '{f}'")))
         .transpose()?;

@@ -15,8 +15,6 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 
-use crate::front::Front;
-
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A request's id and, when the access log is on, its log line in the making.
@@ -26,12 +24,12 @@ pub struct Access {
 }
 
 impl Access {
-    /// Tags `req` with its id (so the worker gets it) and starts its log line.
-    pub fn begin(front: &Front, req: &mut Request) -> Access {
+    /// Tags `req` with its id (so the worker gets it) and starts its log line (`server.access_log`).
+    pub fn begin(log: bool, req: &mut Request) -> Access {
         let id = client_id(req.headers()).unwrap_or_else(new_id);
         req.headers_mut().insert(REQUEST_ID, id.clone());
         // Nothing to collect when the log filter drops the line anyway.
-        let on = front.conn.access_log && tracing::enabled!(target: "mmrouter::access", tracing::Level::INFO);
+        let on = log && tracing::enabled!(target: "mmrouter::access", tracing::Level::INFO);
         let line = on.then(|| Line {
             start: Instant::now(),
             method: req.method().clone(),

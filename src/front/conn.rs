@@ -29,31 +29,40 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::bodies::Guarded;
-use crate::front::Front;
+use super::bodies::Guarded;
+use super::drain::Draining;
+use crate::config::ConnSettings;
+use crate::observe::Observer;
 
 /// Refusals written at once at most; beyond, an over-cap connection is simply closed.
 const MAX_REFUSING: usize = 256;
+
+/// What the connection layer is given: its own settings, the observer, the drain flag.
+pub struct Shared {
+    pub settings: ConnSettings,
+    pub observe: Arc<Observer>,
+    pub draining: Draining,
+}
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module doc).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
-    front: Arc<Front>,
+    shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let mut server = Server::new(app, front);
+    let mut server = Server::new(app, shared);
     tokio::pin!(shutdown);
     server.accept_until(&listener, &mut shutdown).await;
     tracing::info!("shutting down: draining");
-    server.front.start_draining();
-    server.accept_until(&listener, tokio::time::sleep(server.front.conn.drain_delay)).await;
+    server.shared.draining.start();
+    server.accept_until(&listener, tokio::time::sleep(server.shared.settings.drain_delay)).await;
     drop(listener);
     server.drain().await;
 }
 
 struct Server {
-    front: Arc<Front>,
+    shared: Arc<Shared>,
     app: axum::Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
     /// `None`: no connection cap.
@@ -65,13 +74,13 @@ struct Server {
 }
 
 impl Server {
-    fn new(app: axum::Router, front: Arc<Front>) -> Server {
+    fn new(app: axum::Router, shared: Arc<Shared>) -> Server {
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(front.conn.header_read_timeout);
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(shared.settings.header_read_timeout);
         builder.http2().timer(TokioTimer::new());
         Server {
-            slots: front.conn.max_connections.map(|n| Arc::new(Semaphore::new(n))),
-            front,
+            slots: shared.settings.max_connections.map(|n| Arc::new(Semaphore::new(n))),
+            shared,
             app,
             builder: Arc::new(builder),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
@@ -109,7 +118,7 @@ impl Server {
         };
         let _ = stream.set_nodelay(true);
         let conn = Conn {
-            front: self.front.clone(),
+            shared: self.shared.clone(),
             app: self.app.clone(),
             builder: self.builder.clone(),
             stop: self.stop.subscribe(),
@@ -121,9 +130,9 @@ impl Server {
 
     /// Over the connection cap: a fast 503, then close.
     fn refuse(&self, stream: TcpStream) {
-        self.front.state.observe.shed("connections");
+        self.shared.observe.shed("connections");
         let Ok(slot) = self.refusing.clone().try_acquire_owned() else { return };
-        let retry_after = self.front.conn.shed_retry_after_secs;
+        let retry_after = self.shared.settings.shed_retry_after_secs;
         tokio::spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(2), write_refusal(stream, retry_after)).await;
             drop(slot);
@@ -133,7 +142,7 @@ impl Server {
     /// Asks every connection to close after its current request; cuts the rest at the deadline.
     async fn drain(mut self) {
         let _ = self.stop.send(true);
-        let deadline = tokio::time::sleep(self.front.conn.drain_timeout);
+        let deadline = tokio::time::sleep(self.shared.settings.drain_timeout);
         tokio::pin!(deadline);
         loop {
             tokio::select! {
@@ -143,7 +152,7 @@ impl Server {
         }
         tracing::warn!(connections = self.conns.len(), "drain deadline reached: closing the connections left");
         for _ in 0..self.conns.len() {
-            self.front.state.observe.client_timeout("drain");
+            self.shared.observe.client_timeout("drain");
         }
         // Dropping a connection's task closes its socket.
         self.conns.shutdown().await;
@@ -177,7 +186,7 @@ async fn write_refusal(mut stream: TcpStream, retry_after: u64) {
 
 /// One client connection.
 struct Conn {
-    front: Arc<Front>,
+    shared: Arc<Shared>,
     app: axum::Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
     stop: watch::Receiver<bool>,
@@ -187,7 +196,7 @@ struct Conn {
 
 impl Conn {
     async fn run(mut self, stream: TcpStream) {
-        let obs = &self.front.state.observe;
+        let obs = &self.shared.observe;
         let open = obs.connections_open();
         open.increment(1.0);
         let activity = Arc::new(Activity::new());
@@ -198,7 +207,7 @@ impl Conn {
         if closing {
             conn.as_mut().graceful_shutdown();
         }
-        let idle = self.front.conn.idle_timeout;
+        let idle = self.shared.settings.idle_timeout;
         loop {
             tokio::select! {
                 result = conn.as_mut() => {

@@ -25,8 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use mmrouter_core::pipeline::Pipeline;
 
+use super::list::Pools;
+use super::pool::Pool;
 use crate::config::{PoolSettings, Settings, WorkerSettings};
-use crate::state::{AppState, Pool};
 
 /// What a reload did (also the `POST /admin/reload` answer).
 #[derive(Debug, Default, serde::Serialize, PartialEq, Eq)]
@@ -41,18 +42,18 @@ pub struct Applied {
 }
 
 /// Reads `path` and applies it; `Err`: the message why nothing was applied.
-pub fn reload_file(st: &Arc<AppState>, path: &Path) -> Result<Applied, String> {
+pub fn reload_file(pools: &Arc<Pools>, path: &Path) -> Result<Applied, String> {
     let new = Settings::load(path).map_err(|e| format!("{e:#}"))?;
-    apply(st, new)
+    apply(pools, new)
 }
 
 /// Applies `new` over the running config (see the module docs for what may change), all or nothing.
-pub fn apply(st: &Arc<AppState>, mut new: Settings) -> Result<Applied, String> {
-    let mut running = st.running.lock().unwrap_or_else(|e| e.into_inner());
+pub fn apply(pools: &Arc<Pools>, mut new: Settings) -> Result<Applied, String> {
+    let mut running = pools.changes();
     // The listener was bound once, possibly from `--listen` rather than the file.
     new.server.listen = running.server.listen;
     needs_restart(&running, &new)?;
-    let live = st.pools();
+    let live = pools.list();
     let mut applied = Applied::default();
     let (next, fresh) = build_pools(&running, &new, &live, &mut applied)?;
     let mut plans = Vec::new();
@@ -76,16 +77,16 @@ pub fn apply(st: &Arc<AppState>, mut new: Settings) -> Result<Applied, String> {
     let added: Vec<Vec<usize>> = changes.into_iter().map(|c| c.commit()).collect();
     for (plan, ids) in plans.iter().zip(added) {
         for (&id, w) in ids.iter().zip(&plan.add) {
-            plan.pool.start_feed(st, id, w);
+            plan.pool.start_feed(&pools.env, id, w);
         }
         for &id in &plan.retire {
-            crate::admin::retire(st, plan.pool, id);
+            pools.retire(plan.pool, id);
         }
     }
     // Requests in flight keep the pool they picked; new ones see the new list.
-    st.set_pools(next);
+    pools.set(next);
     for (pool, settings) in fresh {
-        st.start_pool_feeds(&pool, settings);
+        pool.start_feeds(&pools.env, settings);
     }
     *running = new;
     tracing::info!(?applied, "config reloaded");
@@ -218,20 +219,20 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
 }
 
 /// Checks `path` every `every` and reloads it when its modification time changes.
-pub fn spawn_watch(st: &Arc<AppState>, path: PathBuf, every: Duration) {
-    let weak = Arc::downgrade(st);
+pub fn spawn_watch(pools: &Arc<Pools>, path: PathBuf, every: Duration) {
+    let weak = Arc::downgrade(pools);
     tokio::spawn(async move {
         let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let mut seen: Option<SystemTime> = modified(&path);
         loop {
             tokio::time::sleep(every).await;
-            let Some(st) = weak.upgrade() else { return };
+            let Some(pools) = weak.upgrade() else { return };
             let now = modified(&path);
             if now == seen {
                 continue;
             }
             seen = now;
-            if let Err(e) = reload_file(&st, &path) {
+            if let Err(e) = reload_file(&pools, &path) {
                 tracing::error!("config watch: {} not applied: {e}", path.display());
             }
         }

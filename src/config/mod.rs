@@ -1,0 +1,146 @@
+//! The configuration, in two forms (ripgrep's low-level → high-level arguments are the model):
+//!
+//! * [`ConfigFile`] ([`file`]): the TOML file as written (`config/mmrouter.toml` is the documented
+//!   example). Every section rejects unknown keys, so a typo never silently becomes a default.
+//! * [`Settings`] ([`settings`]): the same, validated once ([`build`]) into typed values (addresses,
+//!   durations, the model source, the family). Everything at run time is built from a `Settings`;
+//!   `demo` and the tests build one directly instead of writing TOML.
+//!
+//! Every invalid value is reported with the key that holds it. Architecture invariant: this room imports
+//! nothing of the crate — every other room may read its settings.
+
+mod build;
+mod file;
+mod kv_events;
+mod retries;
+mod settings;
+
+pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
+pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
+pub use kv_events::KvEventsSection;
+pub use retries::{RetryConfig, RetryConfigError};
+pub use settings::{
+    AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mmrouter_core::model::ModelSource;
+    use mmrouter_core::routing::Engine;
+    use std::time::Duration;
+
+    const MIN: &str = "[[workers]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Settings::parse(MIN).unwrap();
+        assert_eq!(c.pools[0].pipeline.model.source, ModelSource::Bundled("qwen3-vl"));
+        assert_eq!(c.pools[0].pipeline.model.name, "qwen3-vl");
+        assert_eq!(c.pools[0].pipeline.model.block_size, 16);
+        assert_eq!(c.pools[0].workers.len(), 1);
+        assert_eq!(c.server.health_interval, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn every_invalid_value_names_its_key() {
+        let cases = [
+            ("[server]\nlisten = \"nope\"\n", "server.listen"),
+            ("[server]\nmax_body_bytes = 0\n", "server.max_body_bytes"),
+            ("[server]\nconnect_timeout_ms = 0\n", "server.connect_timeout_ms"),
+            ("[server]\nupstream_idle_timeout_ms = 0\n", "server.upstream_idle_timeout_ms"),
+            ("[retries]\nmax_attempts = 0\n", "retries.max_attempts"),
+            ("[retries]\nbudget_ratio = -0.5\n", "retries.budget_ratio"),
+            ("[retries]\nbogus = 1\n", "bogus"),
+            ("[routing.ejection]\nfailure_rate = 2.0\n", "routing.ejection.failure_rate"),
+            ("[routing.ejection]\nfailure_window = 0\n", "routing.ejection.failure_window"),
+            ("[routing.ejection]\nbase_ejection_ms = 10\nmax_ejection_ms = 5\n", "routing.ejection.max_ejection_ms"),
+            ("[model]\nblock_size = 0\n", "model.block_size"),
+            ("[model]\nfamily = \"nonsense\"\n", "model.family"),
+            ("[model]\ndir = \"/nonexistent/model\"\n", "model.dir"),
+            ("[model]\nchat_template_content_format = \"xml\"\n", "model.chat_template_content_format"),
+            ("[model]\nchat_template = \"/nonexistent/t.jinja\"\n", "model.chat_template"),
+            ("[model]\nbogus = 1\n", "bogus"),
+            ("[server]\nlisten = 5\n", "listen"),
+            ("[kv_events]\nmax_message_bytes = 100\n", "kv_events.max_message_bytes"),
+            ("[kv_events]\nmax_replay_buffer_bytes = 4294967296\n", "kv_events.max_replay_buffer_bytes"),
+            ("[kv_events]\ndiscovery_max_bytes = 0\n", "kv_events.discovery_max_bytes"),
+            ("[kv_events]\ndiscovery_allow_hosts = [\"\"]\n", "kv_events.discovery_allow_hosts"),
+            ("[kv_events]\nmax_frames = 8\n", "max_frames"),
+        ];
+        for (extra, key) in cases {
+            let err = Settings::parse(&format!("{extra}{MIN}")).unwrap_err().to_string();
+            assert!(err.contains(key), "error for {extra:?} should name {key}: {err}");
+        }
+        let err = Settings::parse("").unwrap_err().to_string();
+        assert!(err.contains("workers"), "{err}");
+        let dup = format!("{MIN}{MIN}");
+        assert!(Settings::parse(&dup).unwrap_err().to_string().contains("duplicate"));
+        let bad_url = "[[workers]]\nname = \"a\"\nurl = \"ftp://x\"\n";
+        assert!(Settings::parse(bad_url).unwrap_err().to_string().contains("workers[0].url"));
+        for (extra, key) in [
+            ("kv_events = \"http://x\"\n", "workers[0].kv_events"),
+            ("kv_events_replay = \"tcp://127.0.0.1:5558\"\n", "workers[0].kv_events_replay"),
+            ("data_parallel_size = 0\n", "workers[0].data_parallel_size"),
+            ("data_parallel_size = 65\n", "workers[0].data_parallel_size"),
+            ("engine = \"tgi\"\n", "engine"),
+        ] {
+            let err = Settings::parse(&format!("{MIN}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(key), "error for {extra:?} should name {key}: {err}");
+        }
+    }
+
+    #[test]
+    fn worker_names_are_bounded_and_printable() {
+        let with_name = |name: &str| {
+            let quoted = toml::Value::String(name.to_owned()).to_string();
+            format!("[[workers]]\nname = {quoted}\nurl = \"http://127.0.0.1:1\"\n")
+        };
+        for bad in ["", "   ", "a\u{7}b", " padded", "x\ny"] {
+            let err = Settings::parse(&with_name(bad)).unwrap_err().to_string();
+            assert!(err.contains("workers[0].name"), "{bad:?}: {err}");
+        }
+        let long = "w".repeat(MAX_WORKER_NAME_BYTES + 1);
+        assert!(Settings::parse(&with_name(&long)).unwrap_err().to_string().contains("at most 128 bytes"));
+        for good in ["w", "gpu-07.rack_3:8000", "wörker 1", &"w".repeat(MAX_WORKER_NAME_BYTES)] {
+            Settings::parse(&with_name(good)).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn workers_may_publish_kv_events() {
+        let text = format!(
+            "{MIN}engine = \"sglang\"\nkv_events = \"tcp://127.0.0.1:5557\"\nkv_events_replay = \"tcp://127.0.0.1:5600\"\ndata_parallel_size = 2\n[[workers]]\nname = \"b\"\nurl = \"http://127.0.0.1:2\"\nkv_events = \"discover\"\n"
+        );
+        let c = Settings::parse(&text).unwrap();
+        assert_eq!(c.pools[0].workers[0].spec.engine, Engine::Sglang);
+        let want = EventSource::Endpoints {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: Some("tcp://127.0.0.1:5600".into()),
+            topic: String::new(),
+            data_parallel_size: 2,
+        };
+        assert_eq!(c.pools[0].workers[0].events, Some(want));
+        assert_eq!(c.pools[0].workers[1].events, Some(EventSource::Discover));
+        assert_eq!(c.pools[0].workers[1].spec.engine, Engine::Vllm);
+    }
+
+    #[test]
+    fn health_interval_zero_disables_checks() {
+        let c = Settings::parse(&format!("[server]\nhealth_interval_ms = 0\n{MIN}")).unwrap();
+        assert_eq!(c.server.health_interval, None);
+    }
+
+    #[test]
+    fn bundled_example_config_is_valid() {
+        let text = include_str!("../../config/mmrouter.toml");
+        Settings::parse(text).unwrap();
+    }
+
+    #[test]
+    fn the_documented_example_config_is_valid() {
+        let c = Settings::parse(include_str!("../../config/mmrouter.toml")).expect("config/mmrouter.toml parses");
+        assert_eq!(c.pools.len(), 1);
+        assert!(c.pools[0].models.is_empty(), "without [[pools]] the one pool serves any model");
+    }
+}

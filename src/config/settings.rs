@@ -1,0 +1,128 @@
+//! The validated, typed configuration the server runs from: addresses, durations, the model source,
+//! each pool's workers. Built from the file by [`super::build`]; `demo` and the tests build one directly.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mmrouter_core::pipeline::PipelineConfig;
+use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
+
+use super::file::ServerSection;
+use super::kv_events::KvEventsSection;
+use super::retries::RetryConfig;
+
+/// Where a worker's KV events come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventSource {
+    /// Configured endpoints, one publisher per data-parallel rank.
+    Endpoints { endpoint: String, replay: Option<String>, topic: String, data_parallel_size: u32 },
+    /// Asked from the worker itself at start.
+    Discover,
+}
+
+/// One worker, validated: what routing knows of it, and its event source if it publishes events.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub spec: WorkerSpec,
+    pub events: Option<EventSource>,
+}
+
+/// The validated, typed configuration the server runs from.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub server: ServerSettings,
+    /// At least one; names, served models and worker names unique across pools.
+    pub pools: Vec<PoolSettings>,
+    pub auth: AuthSettings,
+    pub retries: RetryConfig,
+    pub kv_events: KvEventsSection,
+}
+
+/// One pool, validated: a model (with the media settings), its served names, its workers, its routing.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    pub name: String,
+    /// Request `model` values routed here (LoRA adapters included); empty: every model (the one pool
+    /// of a config without `[[pools]]`).
+    pub models: Vec<String>,
+    pub pipeline: PipelineConfig,
+    pub workers: Vec<WorkerSettings>,
+    pub routing: RoutingConfig,
+}
+
+impl PoolSettings {
+    /// What routing knows of each worker.
+    pub fn worker_specs(&self) -> Vec<WorkerSpec> {
+        self.workers.iter().map(|w| w.spec.clone()).collect()
+    }
+}
+
+/// `[server]`, typed.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub total_timeout: Duration,
+    pub upstream_idle_timeout: Duration,
+    /// `None`: no active health checks.
+    pub health_interval: Option<Duration>,
+    /// `None`: the config file is not watched.
+    pub watch_config: Option<Duration>,
+    /// The client side: timeouts, caps, drain, logs.
+    pub conn: ConnSettings,
+}
+
+/// `[server]`'s client-side keys, typed (see [`ServerSection`] for each one's meaning).
+#[derive(Clone, Debug)]
+pub struct ConnSettings {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// `None`: no cap.
+    pub max_connections: Option<usize>,
+    /// `None`: no cap.
+    pub max_inflight_requests: Option<usize>,
+    pub shed_retry_after_secs: u64,
+    pub drain_delay: Duration,
+    pub drain_timeout: Duration,
+    pub log_json: bool,
+    pub access_log: bool,
+}
+
+/// `[auth]`, typed. Empty key lists: that check is off.
+#[derive(Clone, Debug, Default)]
+pub struct AuthSettings {
+    pub api_keys: Vec<String>,
+    pub admin_keys: Vec<String>,
+    pub upstream: UpstreamAuth,
+}
+
+/// What happens to the client's `Authorization` header on its way to a worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum UpstreamAuth {
+    /// Sent as received (the default, and today's behaviour).
+    #[default]
+    Forward,
+    Strip,
+    /// Replaced by `Bearer <key>`.
+    Replace(String),
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        let s = ServerSection::default();
+        ServerSettings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: s.max_body_bytes,
+            connect_timeout: Duration::from_millis(s.connect_timeout_ms),
+            first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
+            total_timeout: Duration::from_millis(s.total_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(s.upstream_idle_timeout_ms),
+            health_interval: Some(Duration::from_millis(s.health_interval_ms)),
+            watch_config: None,
+            conn: ConnSettings::default(),
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Metric handles registered on first use and kept by label values, so the hot path does not build
+//! metric keys per request.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+
+/// Handles registered on first use, by label values.
+pub(super) struct Cache<K, H>(Mutex<HashMap<K, H>>);
+
+impl<K: Eq + Hash, H: Clone> Cache<K, H> {
+    pub(super) fn new() -> Self {
+        Cache(Mutex::new(HashMap::new()))
+    }
+
+    pub(super) fn get(&self, key: K, make: impl FnOnce(&K) -> H) -> H {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(key).or_insert_with_key(make).clone()
+    }
+}
+
+impl<H: Clone> Cache<String, H> {
+    /// Like [`Cache::get`], found by `&str`: no owned key is built unless the handle is new (the request
+    /// path records per pool on every request).
+    pub(super) fn get_str(&self, key: &str, make: impl FnOnce(&str) -> H) -> H {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = map.get(key) {
+            return h.clone();
+        }
+        let h = make(key);
+        map.insert(key.to_owned(), h.clone());
+        h
+    }
+}

@@ -1,0 +1,181 @@
+//! Every metric name mmrouter exports (a dashboard contract: see the design's table), with its help
+//! text and, for histograms, its buckets: the one list.
+
+use metrics::{KeyName, Level, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+/// Counter `{route, status}`: every proxied request, counted when its response ends; `status` is the
+/// HTTP status sent, or `stream_error` for a body cut after the status was sent.
+pub const REQUESTS_TOTAL: &str = "mmrouter_requests_total";
+/// Counter `{reason}`: a request refused before routing, by its error code (`prompt_too_long`,
+/// `image_url_blocked`, `invalid_json`, …); also counted in [`REQUESTS_TOTAL`] as `route="rejected"`.
+pub const REJECTED_TOTAL: &str = "mmrouter_rejected_total";
+/// Counter `{pool}`: requests routed to each pool (by their `model`). Pools are few and named in the
+/// config, so the label stays bounded; join per-worker series to pools with [`WORKER_INFO`].
+pub const POOL_REQUESTS_TOTAL: &str = "mmrouter_pool_requests_total";
+/// Gauge `{worker, pool, engine}` = 1: which pool each worker serves (for joins in dashboards).
+pub const WORKER_INFO: &str = "mmrouter_worker_info";
+/// Counter `{reason}`: a request with media fell back to text-prefix routing.
+pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
+/// Histogram: image tokens of an exact-routed request.
+pub const IMAGE_TOKENS_PER_REQUEST: &str = "mmrouter_image_tokens_per_request";
+/// Histogram: images of an exact-routed request.
+pub const IMAGES_PER_REQUEST: &str = "mmrouter_images_per_request";
+/// Gauge `{worker}`: image tokens in flight (exact route only).
+pub const WORKER_INFLIGHT_IMAGE_TOKENS: &str = "mmrouter_worker_inflight_image_tokens";
+/// Gauge `{worker}`: requests in flight.
+pub const WORKER_INFLIGHT_REQUESTS: &str = "mmrouter_worker_inflight_requests";
+/// Gauge `{worker}`: prompt tokens dispatched and not yet answered with a first byte.
+pub const WORKER_INFLIGHT_PREFILL_TOKENS: &str = "mmrouter_worker_inflight_prefill_tokens";
+/// Histogram `{route}`: prompt tokens the chosen worker already held (predicted).
+pub const KV_OVERLAP_TOKENS: &str = "mmrouter_kv_overlap_tokens";
+/// Histogram `{stage}`: seconds spent per pipeline stage.
+pub const STAGE_DURATION_SECONDS: &str = "mmrouter_stage_duration_seconds";
+/// Histogram `{source}`: seconds to fetch/decode and probe one image.
+pub const IMAGE_PROBE_DURATION_SECONDS: &str = "mmrouter_image_probe_duration_seconds";
+/// Histogram: actual (worker usage) minus predicted prompt tokens.
+pub const PROMPT_TOKENS_DRIFT: &str = "mmrouter_prompt_tokens_drift";
+/// Gauge: block keys held by the routing index.
+pub const INDEX_BLOCKS: &str = "mmrouter_index_blocks";
+/// Counter `{worker, status}`: every upstream attempt.
+pub const UPSTREAM_REQUESTS_TOTAL: &str = "mmrouter_upstream_requests_total";
+
+/// Counter `{reason}`: an upstream attempt tried again on the next candidate (`connect_error`,
+/// `timeout`, `transport_error`, `server_error`, `rate_limited`).
+pub const UPSTREAM_RETRIES_TOTAL: &str = "mmrouter_upstream_retries_total";
+/// Counter: a retry refused because the retry budget was used up (the failure went to the client).
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "mmrouter_retry_budget_exhausted_total";
+/// Counter `{worker}`: passive ejections (failures in a row, failure rate, refused connections).
+pub const WORKER_EJECTIONS_TOTAL: &str = "mmrouter_worker_ejections_total";
+/// Gauge `{worker, state}`: 1 for the worker's current state (`healthy`, `ejected`, `half_open`,
+/// `down`), 0 for the others.
+pub const WORKER_STATE: &str = "mmrouter_worker_state";
+/// Counter `{route, reason}`: a response body cut after its status was sent (`upstream_error`,
+/// `idle_timeout`, `total_timeout`); the request is counted as `status="stream_error"`.
+pub const STREAM_ERRORS_TOTAL: &str = "mmrouter_stream_errors_total";
+
+/// Gauge `{source}`: (block, worker) index entries by where they came from (`events`, `pending`,
+/// `approximate`).
+pub const INDEX_BLOCKS_BY_SOURCE: &str = "mmrouter_index_blocks_by_source";
+/// Counter `{worker, kind}`: blocks of a worker's KV events, by what became of them (`stored`, `removed`,
+/// `cleared`, `ignored`, `orphan`, `unmatchable`, `block_size_mismatch`, `unknown`).
+pub const KV_EVENTS_TOTAL: &str = "mmrouter_kv_events_total";
+/// Counter `{worker}`: event batches received.
+pub const KV_EVENT_BATCHES_TOTAL: &str = "mmrouter_kv_event_batches_total";
+/// Counter `{worker}`: frames that could not be decoded (skipped).
+pub const KV_EVENT_MALFORMED_TOTAL: &str = "mmrouter_kv_event_malformed_total";
+/// Counter `{worker, kind}`: sequence problems (`gap`, `replay`, `replay_failure`, `resync`, `restart`).
+pub const KV_EVENT_SEQUENCE_TOTAL: &str = "mmrouter_kv_event_sequence_total";
+/// Counter `{worker, reason}`: input refused from a worker's event publisher or discovery document:
+/// protocol violations (`frame_too_large`, `message_too_large`, `too_many_frames`, `bad_greeting`, …),
+/// malformed messages (their decode label), `inconsistent_event`, `state_overflow`, `index_share` (event blocks beyond the worker's
+/// `routing.index_worker_share` of the index), and
+/// `discovery_<reason>` (`too_large`, `too_many_ranks`, `foreign_host`, `not_json`, `bad_shape`, …).
+pub const KV_EVENT_REFUSED_TOTAL: &str = "mmrouter_kv_event_refused_total";
+/// Gauge `{worker}`: 1 while every rank's subscription is connected.
+pub const KV_EVENT_CONNECTED: &str = "mmrouter_kv_event_connected";
+/// Histogram `{worker}`: now minus the batch's engine timestamp, seconds.
+pub const KV_EVENT_LAG_SECONDS: &str = "mmrouter_kv_event_lag_seconds";
+
+/// Gauge: client connections open.
+pub const CONNECTIONS_OPEN: &str = "mmrouter_connections_open";
+/// Gauge: client requests in flight (what `server.max_inflight_requests` caps).
+pub const INFLIGHT_REQUESTS: &str = "mmrouter_inflight_requests";
+/// Counter `{reason}`: connections or requests refused with a 503 (`connections`, `inflight`).
+pub const SHED_TOTAL: &str = "mmrouter_shed_total";
+/// Counter `{kind}`: client connections cut by a timeout (`header`, `body`, `idle`, `drain`).
+pub const CLIENT_TIMEOUTS_TOTAL: &str = "mmrouter_client_timeouts_total";
+/// Counter `{scope}`: requests refused for a missing or wrong key (`client`, `admin`).
+pub const AUTH_FAILURES_TOTAL: &str = "mmrouter_auth_failures_total";
+
+/// `stage` label values of [`STAGE_DURATION_SECONDS`], in pipeline order.
+pub mod stage {
+    pub const INTAKE: &str = "intake";
+    pub const ACCOUNT: &str = "account";
+    pub const PLAN: &str = "plan";
+    pub const SELECT: &str = "select";
+    pub const FORWARD_TTFB: &str = "forward_ttfb";
+}
+
+pub(super) static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// A recorder with every family described and every histogram's buckets set.
+pub(super) fn recorder() -> PrometheusRecorder {
+    let r = builder().build_recorder();
+    describe(&r);
+    r
+}
+
+fn builder() -> PrometheusBuilder {
+    const SECONDS: [f64; 19] = [
+        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        10.0, 30.0, 60.0,
+    ];
+    const TOKENS: [f64; 13] =
+        [16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0];
+    const COUNTS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0];
+    const DRIFT: [f64; 14] =
+        [-1024.0, -256.0, -64.0, -16.0, -4.0, -1.0, -0.5, 0.5, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
+    let layouts: [(&'static str, &'static [f64]); 6] = [
+        (STAGE_DURATION_SECONDS, &SECONDS),
+        (IMAGE_PROBE_DURATION_SECONDS, &SECONDS),
+        (IMAGE_TOKENS_PER_REQUEST, &TOKENS),
+        (KV_OVERLAP_TOKENS, &TOKENS),
+        (IMAGES_PER_REQUEST, &COUNTS),
+        (PROMPT_TOKENS_DRIFT, &DRIFT),
+    ];
+    layouts
+        .into_iter()
+        .try_fold(PrometheusBuilder::new(), |b, (name, buckets)| {
+            b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)
+        })
+        .expect("static bucket lists are non-empty")
+}
+
+fn describe(r: &PrometheusRecorder) {
+    let counter = |n: &'static str, d: &'static str| r.describe_counter(KeyName::from(n), None, SharedString::from(d));
+    let gauge = |n: &'static str, d: &'static str| r.describe_gauge(KeyName::from(n), None, SharedString::from(d));
+    let histogram = |n: &'static str, u: Option<Unit>, d: &'static str| {
+        r.describe_histogram(KeyName::from(n), u, SharedString::from(d))
+    };
+    counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status (stream_error: body cut after the status).");
+    counter(REJECTED_TOTAL, "Requests refused before routing, by error code.");
+    counter(POOL_REQUESTS_TOTAL, "Requests routed to each pool by their model.");
+    gauge(WORKER_INFO, "1 per worker: the pool it serves and its engine.");
+    counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
+    histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
+    histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");
+    gauge(WORKER_INFLIGHT_IMAGE_TOKENS, "Image tokens in flight per worker (exact route only).");
+    gauge(WORKER_INFLIGHT_REQUESTS, "Requests in flight per worker.");
+    gauge(WORKER_INFLIGHT_PREFILL_TOKENS, "Uncached prompt tokens dispatched and not yet answered, per worker.");
+    histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
+    histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");
+    histogram(IMAGE_PROBE_DURATION_SECONDS, Some(Unit::Seconds), "Time to read and probe one image.");
+    histogram(PROMPT_TOKENS_DRIFT, None, "Worker-reported minus predicted prompt tokens.");
+    gauge(INDEX_BLOCKS, "Block keys held by the routing index.");
+    counter(UPSTREAM_REQUESTS_TOTAL, "Upstream attempts by worker and status.");
+    counter(UPSTREAM_RETRIES_TOTAL, "Upstream attempts tried again on the next candidate, by reason.");
+    counter(RETRY_BUDGET_EXHAUSTED_TOTAL, "Retries refused because the retry budget was used up.");
+    counter(WORKER_EJECTIONS_TOTAL, "Passive ejections of a worker after failures.");
+    gauge(WORKER_STATE, "1 for the worker's current state: healthy, ejected, half_open or down.");
+    counter(STREAM_ERRORS_TOTAL, "Response bodies cut after the status was sent, by route and reason.");
+    gauge(INDEX_BLOCKS_BY_SOURCE, "(block, worker) index entries by source: events, pending, approximate.");
+    counter(KV_EVENTS_TOTAL, "Blocks in a worker's KV events, by what the router made of them.");
+    counter(KV_EVENT_BATCHES_TOTAL, "KV-event batches received per worker.");
+    counter(KV_EVENT_MALFORMED_TOTAL, "KV-event frames that could not be decoded and were skipped.");
+    counter(
+        KV_EVENT_REFUSED_TOTAL,
+        "Input refused from a worker's KV-event publisher, events or discovery document, by reason.",
+    );
+    counter(
+        KV_EVENT_SEQUENCE_TOTAL,
+        "KV-event sequence problems per worker: gap, replay, replay_failure, resync, restart.",
+    );
+    gauge(KV_EVENT_CONNECTED, "1 while every rank of a worker's KV-event subscription is connected.");
+    histogram(KV_EVENT_LAG_SECONDS, Some(Unit::Seconds), "Receive time minus the engine's batch timestamp.");
+    gauge(CONNECTIONS_OPEN, "Client connections open.");
+    gauge(INFLIGHT_REQUESTS, "Client requests in flight (server.max_inflight_requests caps them).");
+    counter(SHED_TOTAL, "Connections or requests refused with a 503 for load, by reason: connections, inflight.");
+    counter(CLIENT_TIMEOUTS_TOTAL, "Client connections cut by a timeout, by kind: header, body, idle, drain.");
+    counter(AUTH_FAILURES_TOTAL, "Requests refused for a missing or wrong key, by scope: client, admin.");
+}

@@ -1,0 +1,165 @@
+//! One proxy's [`Observer`]: its own recorder (no process-global one: embedded proxies in tests and the
+//! demo never see each other's samples, and the core crates record nothing themselves), the handles
+//! registered once, and what the front door and the event feeds record as it happens. A proxied
+//! request is recorded once, when it has ended ([`super::record`]); a scrape renders everything
+//! ([`super::scrape`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+
+use super::cache::Cache;
+use super::names::*;
+use super::series::WorkerSeries;
+
+/// One proxy's metrics: its recorder, and the handles the request path records into.
+pub struct Observer {
+    pub(super) recorder: PrometheusRecorder,
+    pub(super) handle: PrometheusHandle,
+    pub(super) requests: Cache<(&'static str, u16), Counter>,
+    pub(super) rejected: Cache<u16, Counter>,
+    pub(super) rejected_reasons: Cache<&'static str, Counter>,
+    pub(super) pool_requests: Cache<String, Counter>,
+    pub(super) fallback: Cache<&'static str, Counter>,
+    pub(super) retries: Cache<&'static str, Counter>,
+    pub(super) stream_errors: Cache<(&'static str, &'static str), Counter>,
+    pub(super) cut_requests: Cache<&'static str, Counter>,
+    pub(super) budget_exhausted: Counter,
+    pub(super) overlap: Cache<&'static str, Histogram>,
+    pub(super) stages: Cache<&'static str, Histogram>,
+    pub(super) probes: Cache<&'static str, Histogram>,
+    pub(super) index_by_source: Cache<&'static str, Gauge>,
+    /// Every worker's own series, by worker name.
+    workers: Mutex<HashMap<String, Arc<WorkerSeries>>>,
+    front_counters: Cache<(&'static str, &'static str), Counter>,
+    connections_open: Gauge,
+    inflight_requests: Gauge,
+    pub(super) image_tokens: Histogram,
+    pub(super) images: Histogram,
+    pub(super) drift: Histogram,
+    pub(super) index_blocks: Gauge,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Observer {
+    pub fn new() -> Observer {
+        let recorder = recorder();
+        let plain = |name: &'static str| Key::from_static_name(name);
+        Observer {
+            handle: recorder.handle(),
+            image_tokens: recorder.register_histogram(&plain(IMAGE_TOKENS_PER_REQUEST), &METADATA),
+            images: recorder.register_histogram(&plain(IMAGES_PER_REQUEST), &METADATA),
+            drift: recorder.register_histogram(&plain(PROMPT_TOKENS_DRIFT), &METADATA),
+            index_blocks: recorder.register_gauge(&plain(INDEX_BLOCKS), &METADATA),
+            connections_open: recorder.register_gauge(&plain(CONNECTIONS_OPEN), &METADATA),
+            inflight_requests: recorder.register_gauge(&plain(INFLIGHT_REQUESTS), &METADATA),
+            front_counters: Cache::new(),
+            budget_exhausted: recorder.register_counter(&plain(RETRY_BUDGET_EXHAUSTED_TOTAL), &METADATA),
+            recorder,
+            requests: Cache::new(),
+            rejected: Cache::new(),
+            rejected_reasons: Cache::new(),
+            pool_requests: Cache::new(),
+            fallback: Cache::new(),
+            retries: Cache::new(),
+            stream_errors: Cache::new(),
+            cut_requests: Cache::new(),
+            overlap: Cache::new(),
+            stages: Cache::new(),
+            probes: Cache::new(),
+            index_by_source: Cache::new(),
+            workers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(super) fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+        let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, v.to_string())).collect();
+        Key::from_parts(name, labels)
+    }
+
+    pub(super) fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+        self.recorder.register_counter(&Self::key(name, labels), &METADATA)
+    }
+
+    pub(super) fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+        self.recorder.register_histogram(&Self::key(name, labels), &METADATA)
+    }
+
+    /// `worker`'s series (made on first use).
+    pub(super) fn series(&self, worker: &str) -> Arc<WorkerSeries> {
+        let mut map = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = map.get(worker) {
+            return s.clone();
+        }
+        let s = Arc::new(WorkerSeries::new(worker));
+        map.insert(worker.to_owned(), s.clone());
+        s
+    }
+
+    /// Every worker's series, for a scrape.
+    pub(super) fn all_series(&self) -> Vec<Arc<WorkerSeries>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Forgets the series of every worker not in `live` (removed workers; names are unique among
+    /// the workers in rotation).
+    pub fn retain_workers(&self, live: &HashSet<String>) {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| live.contains(name));
+    }
+
+    /// A request refused before it had a route (bad body, shed, refused key, …): the front door's
+    /// refusals, and the proxy's before a pool was picked.
+    pub fn rejected(&self, status: u16, reason: &'static str) {
+        let c = self
+            .rejected
+            .get(status, |s| self.counter(REQUESTS_TOTAL, &[("route", "rejected"), ("status", &s.to_string())]));
+        c.increment(1);
+        self.rejected_reasons.get(reason, |r| self.counter(REJECTED_TOTAL, &[("reason", r)])).increment(1);
+    }
+
+    /// The gauge of open client connections (the accept loop moves it).
+    pub fn connections_open(&self) -> Gauge {
+        self.connections_open.clone()
+    }
+
+    /// The gauge of client requests in flight (the shedding layer moves it).
+    pub fn inflight_requests(&self) -> Gauge {
+        self.inflight_requests.clone()
+    }
+
+    /// A connection or request refused for load (`connections`, `inflight`).
+    pub fn shed(&self, reason: &'static str) {
+        self.front_count(SHED_TOTAL, "reason", reason);
+    }
+
+    /// A client connection cut by a timeout (`header`, `body`, `idle`, `drain`).
+    pub fn client_timeout(&self, kind: &'static str) {
+        self.front_count(CLIENT_TIMEOUTS_TOTAL, "kind", kind);
+    }
+
+    /// A request refused for its key (`client`, `admin`).
+    pub fn auth_failed(&self, scope: &'static str) {
+        self.front_count(AUTH_FAILURES_TOTAL, "scope", scope);
+    }
+
+    fn front_count(&self, name: &'static str, label: &'static str, value: &'static str) {
+        let c = self.front_counters.get((name, value), |(n, v)| self.counter(n, &[(label, v)]));
+        c.increment(1);
+    }
+
+    /// A KV-event batch from `worker` arrived `secs` after the engine stamped it (the feeds record it).
+    pub fn event_lag(&self, worker: &str, secs: f64) {
+        let series = self.series(worker);
+        series
+            .lag
+            .get_or_init(|| series.recorder.register_histogram(&series.key(KV_EVENT_LAG_SECONDS, &[]), &METADATA))
+            .record(secs);
+    }
+}

@@ -1,0 +1,21 @@
+//! The pools room: the model pools and their workers over time — the pool list ([`list`]) and each
+//! [`Pool`] ([`pool`]), worker changes ([`workers`]) and reloads ([`reload`]), the workers' KV-event
+//! feeds ([`feeds`], [`discovery`]) and active health checks ([`health`]).
+//!
+//! Architecture invariant: no axum and no app state here — pools know the config, the observer and the
+//! core's routers and pipelines; a feed holds its pool's router weakly. The HTTP side of these
+//! operations (admin API, `/health`) is the ops room's.
+
+mod discovery;
+mod feeds;
+mod health;
+mod list;
+mod pool;
+mod reload;
+mod workers;
+
+pub use health::spawn_checks;
+pub use list::Pools;
+pub use pool::Pool;
+pub use reload::{reload_file, spawn_watch};
+pub use workers::ChangeError;

@@ -1,0 +1,101 @@
+//! The per-request context (pingora's `CTX`): what one proxied request carries from phase to phase —
+//! the received request, the pool, the plan, the decision, the attempts and what they did — and, once
+//! the response has ended, what the observer is handed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{HeaderMap, Method};
+use bytes::Bytes;
+use mmrouter_core::media::ProbeTiming;
+use mmrouter_core::pipeline::{Planned, RoutePlan, StageTimings};
+use mmrouter_core::routing::{Decision, Worker};
+
+use crate::front::ReceivedBody;
+use crate::observe::{Attempt, Ending, Observer, RequestRecord};
+use crate::pools::Pool;
+
+/// One proxied request, from its arrival to the end of its response.
+pub struct Ctx {
+    pub method: Method,
+    /// Path and query as received.
+    pub path: String,
+    pub headers: HeaderMap,
+    /// The body as received (read once, by the front door); what is forwarded, but for the uuid splice.
+    pub body: Bytes,
+    /// The body with each exact image's `uuid` written in, built once when a vLLM worker needs it.
+    pub spliced: Option<Bytes>,
+    pub pool: Option<Arc<Pool>>,
+    pub plan: Option<RoutePlan>,
+    pub timings: Option<StageTimings>,
+    pub probes: Vec<ProbeTiming>,
+    pub select: Option<Duration>,
+    /// The ranking; it holds its candidates, so their ids cannot name other workers while it lives.
+    pub decision: Option<Decision>,
+    /// Predicted overlap on the first worker tried (counted once per request).
+    pub dispatched_overlap: Option<u32>,
+    pub attempts: Vec<Attempt>,
+    pub retry_budget_exhausted: bool,
+    pub ejected: Vec<Arc<Worker>>,
+}
+
+impl Ctx {
+    /// The context of `req`, whose body the front door has read.
+    pub fn new(req: Request) -> Ctx {
+        let (parts, _) = req.into_parts();
+        let body = parts.extensions.get::<ReceivedBody>().map(|b| b.0.clone()).unwrap_or_default();
+        let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+        Ctx {
+            method: parts.method,
+            path,
+            headers: parts.headers,
+            body,
+            spliced: None,
+            pool: None,
+            plan: None,
+            timings: None,
+            probes: Vec::new(),
+            select: None,
+            decision: None,
+            dispatched_overlap: None,
+            attempts: Vec::new(),
+            retry_budget_exhausted: false,
+            ejected: Vec::new(),
+        }
+    }
+
+    /// Keeps what planning produced.
+    pub fn planned(&mut self, planned: Planned) {
+        self.plan = Some(planned.plan);
+        self.timings = Some(planned.timings);
+        self.probes = planned.probes;
+    }
+
+    /// The pool picked (every phase after `pick_pool` has one).
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.pool.as_ref().expect("a pool was picked before this phase")
+    }
+
+    /// The plan (every phase after `plan` has one).
+    pub fn plan(&self) -> &RoutePlan {
+        self.plan.as_ref().expect("the request was planned before this phase")
+    }
+
+    /// The observation phase: hands what this request did to the observer, once.
+    pub fn observe(&self, observe: &Observer, ending: Ending, drift: Option<f64>) {
+        observe.record(&RequestRecord {
+            pool: self.pool.as_ref().map(|p| p.name.as_str()),
+            plan: self.plan.as_ref(),
+            timings: self.timings.as_ref(),
+            probes: &self.probes,
+            select: self.select,
+            dispatched_overlap: self.dispatched_overlap,
+            attempts: &self.attempts,
+            retry_budget_exhausted: self.retry_budget_exhausted,
+            ejected: &self.ejected,
+            drift,
+            ending,
+        });
+    }
+}

@@ -1,0 +1,91 @@
+//! `POST /debug/route`: the plan and the choice for a chat request, as JSON, without forwarding,
+//! holding any load or observing anything; `?tokens=true` adds the rendered text, token ids and image
+//! spans (what `mmrouter render` prints).
+
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State};
+use axum::response::{IntoResponse, Response};
+use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
+use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
+use mmrouter_core::routing::{Decision, Router};
+
+use super::context::Ctx;
+use super::forward::select_request;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// `?tokens=true` on `/debug/route` adds the rendered text, token ids and image spans.
+#[derive(serde::Deserialize, Default)]
+pub struct DebugParams {
+    #[serde(default)]
+    tokens: bool,
+}
+
+pub async fn debug_route(State(st): State<Arc<AppState>>, Query(params): Query<DebugParams>, req: Request) -> Response {
+    match explain(&st, Ctx::new(req), params.tokens).await {
+        Ok(json) => axum::Json(json).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Value, ApiError> {
+    let request = ParsedRequest::parse(Endpoint::Chat, &ctx.body)?;
+    let model = request.str_field("model");
+    let pool = st.pools.pool_for(model).ok_or_else(|| ApiError::model_not_found(model))?;
+    let planned = pool.pipeline.plan_with(&request, tokens).await?;
+    let plan = &planned.plan;
+    let decision = pool.router.select(&select_request(plan));
+    let mut out = decision_json(&pool.router, plan, decision.as_ref());
+    out["pool"] = pool.name.clone().into();
+    if tokens {
+        let trace = trace_json(&planned);
+        for key in ["text", "token_ids", "image_spans"] {
+            out[key] = trace[key].clone();
+        }
+    }
+    Ok(out)
+}
+
+fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> serde_json::Value {
+    let reason = match plan.route {
+        Route::TextPrefix { reason } => Some(reason),
+        _ => None,
+    };
+    let name = |w: usize| router.worker(w).name().to_owned();
+    serde_json::json!({
+        "route": plan.route.label(),
+        "reason": reason,
+        "prompt_tokens": plan.prompt_tokens,
+        "prompt_tokens_exact": plan.prompt_exact,
+        "image_tokens": plan.images.iter().map(|i| i.tokens).collect::<Vec<_>>(),
+        "images": plan.images,
+        "block_size": plan.block_size,
+        "blocks": plan.blocks.len(),
+        "decode_tokens": plan.decode_tokens,
+        "overlap_blocks": d.map(|d| &d.overlap_blocks),
+        "overlap_sources": d.map(|d| &d.overlap_sources),
+        "costs": d.map(|d| &d.costs),
+        "policy": d.map(|d| d.policy),
+        "worker": d.map(|d| name(d.worker())),
+        "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),
+        "workers": router.workers().iter().map(|w| w.name()).collect::<Vec<_>>(),
+    })
+}
+
+/// The plan and its trace as JSON (what `/debug/route?tokens=true` adds, and `mmrouter render` prints).
+pub fn trace_json(planned: &Planned) -> serde_json::Value {
+    let plan = &planned.plan;
+    let trace = planned.trace.as_ref();
+    serde_json::json!({
+        "route": plan.route.label(),
+        "reason": plan.fallback_reason(),
+        "prompt_tokens": plan.prompt_tokens,
+        "prompt_tokens_exact": plan.prompt_exact,
+        "text": trace.and_then(|t| t.text.as_deref()),
+        "token_ids": trace.map(|t| &t.ids),
+        "image_spans": trace.map(|t| t.spans.iter().map(|s| serde_json::json!({
+            "offset": s.offset, "length": s.len, "hash": format!("{:032x}", s.hash)
+        })).collect::<Vec<_>>()),
+    })
+}

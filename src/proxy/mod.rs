@@ -1,0 +1,101 @@
+//! The proxy room: a request's phases, in order, over one per-request context ([`Ctx`]):
+//!
+//! ```text
+//! parse ─► pick pool ─► plan ─► select ─► forward ─► relay ─► observe
+//!          by `model`    core:   core:     upstream   upstream  once, when the
+//!                        intake  routing   attempts,  stream    response has ended
+//!                        account           retries
+//!                        plan
+//! ```
+//!
+//! The received bytes are what is forwarded — the parse only reads them — with one exception: on the
+//! exact route to a vLLM worker each image part gets its content digest spliced in as `uuid` (every
+//! other byte as received). A request refused in a phase is answered and observed there.
+//!
+//! Architecture invariant: the proxy records no metric along the way; the observation phase hands
+//! the context's record to the observer when the response ends ([`Ctx::observe`]).
+
+mod context;
+mod debug;
+mod forward;
+mod plan;
+mod relay;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use mmrouter_core::pipeline::RoutePlan;
+use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
+
+pub use context::Ctx;
+pub use debug::{debug_route, trace_json};
+
+use crate::error::ApiError;
+use crate::observe::Ending;
+use crate::state::AppState;
+
+/// `POST /v1/chat/completions` and `/v1/completions`.
+pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
+    let mut ctx = Ctx::new(req);
+    match phases(&st, &mut ctx, endpoint).await {
+        Ok(answer) => relay::relay(&st, ctx, answer),
+        Err(e) => finish_error(&st, ctx, e),
+    }
+}
+
+/// parse → pick pool → plan → select → forward: the worker's answer to relay, or the error to send.
+async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result<forward::Answer, ApiError> {
+    let body = ctx.body.clone();
+    let request = ParsedRequest::parse(endpoint, &body)?;
+    pick_pool(st, ctx, request.str_field("model"))?;
+    plan::plan(st, ctx, request).await?;
+    forward::select(ctx)?;
+    forward::forward(st, ctx).await
+}
+
+/// Other `/v1/*` calls (models, embeddings, …) go to a healthy worker as they are: no plan, the
+/// pool of the body's `model` when it names one, else the first.
+pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let mut ctx = Ctx::new(req);
+    let model = serde_json::from_slice::<ModelField>(&ctx.body).ok().and_then(|m| m.model);
+    let pool = st.pools.pool_for(model.as_deref()).unwrap_or_else(|| st.pools()[0].clone());
+    ctx.plan = Some(RoutePlan::passthrough(pool.pipeline.block_size()));
+    ctx.pool = Some(pool);
+    let answer = match forward::select(&mut ctx) {
+        Ok(()) => forward::forward(&st, &mut ctx).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(answer) => relay::relay(&st, ctx, answer),
+        Err(e) => finish_error(&st, ctx, e),
+    }
+}
+
+/// The `model` of a body, when it is a JSON object naming one.
+#[derive(serde::Deserialize)]
+struct ModelField {
+    model: Option<String>,
+}
+
+/// The pool serving the request's `model`.
+fn pick_pool(st: &AppState, ctx: &mut Ctx, model: Option<&str>) -> Result<(), ApiError> {
+    ctx.pool = Some(st.pools.pool_for(model).ok_or_else(|| ApiError::model_not_found(model))?);
+    Ok(())
+}
+
+/// An error answered by the router itself: counted under the plan's route once planned, else as a
+/// rejection (bad body, unknown model, prompt refused…).
+fn finish_error(st: &AppState, ctx: Ctx, err: ApiError) -> Response {
+    let status = err.status.as_u16();
+    let ending =
+        if ctx.plan.is_some() { Ending::Answered { status } } else { Ending::Rejected { status, code: err.code } };
+    ctx.observe(&st.observe, ending, None);
+    let route = ctx.plan.as_ref().map(|p| p.route.label());
+    let mut resp = err.into_response();
+    if let Some(route) = route {
+        resp.headers_mut().insert("x-mmrouter-route", HeaderValue::from_static(route));
+    }
+    resp
+}
