@@ -350,7 +350,10 @@ async fn debug_route_shows_the_token_ids_on_request() {
         .send()
         .await
         .unwrap();
-    let v: serde_json::Value = r.json().await.unwrap();
+    let raw = r.bytes().await.unwrap();
+    let keys = object_keys(&raw);
+    assert!(keys.iter().any(|k| k == "overlap_sources"), "{keys:?}");
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     assert_eq!(v["route"], "exact");
     let ids: Vec<u64> = serde_json::from_value(v["token_ids"].clone()).unwrap();
     assert_eq!(ids.len() as u64, v["prompt_tokens"].as_u64().unwrap());
@@ -361,4 +364,26 @@ async fn debug_route_shows_the_token_ids_on_request() {
     assert!(ids[offset..offset + len].iter().all(|&id| id == 151655));
     assert_eq!((ids[offset - 1], ids[offset + len]), (151652, 151653));
     assert!(v["text"].as_str().unwrap().contains("<|vision_start|><|image_pad|><|vision_end|>What is shown here?"));
+}
+
+/// The top-level keys of a JSON object as written, in order; panics on a key written twice (a
+/// `serde_json::Value` would keep only the last).
+fn object_keys(raw: &[u8]) -> Vec<String> {
+    struct Keys;
+    impl<'de> serde::de::Visitor<'de> for Keys {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+            let mut keys = Vec::new();
+            while let Some(k) = map.next_key::<String>()? {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                assert!(!keys.contains(&k), "key {k:?} written twice");
+                keys.push(k);
+            }
+            Ok(keys)
+        }
+    }
+    serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_slice(raw), Keys).unwrap()
 }
