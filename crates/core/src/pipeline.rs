@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::accounting::{AccountingError, Counter, ImageTokens, RequestContext, RunPart, TextExpansion};
-use crate::media::{image_key, ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
+use crate::keys::image_key;
+use crate::media::{ImageInfo, Intake, MediaConfig, MediaError, ProbeTiming};
 use crate::model::ModelSpec;
 use crate::plan::{self, ChatTokens, ImageSpan, PlanError};
 use crate::prompt::{PromptError, PromptModel, RenderOptions};

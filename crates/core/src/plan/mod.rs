@@ -1,11 +1,10 @@
 //! Planning primitives: the prompt's token ids as the worker will see them (chat template,
-//! tokenizer, each image placeholder expanded to its exact run), the image spans inside them, and
-//! the chained KV block keys the router's index is keyed by.
+//! tokenizer, each image placeholder expanded to its exact run) and the image spans inside them. The
+//! chained KV block keys cut from them are computed in [`crate::keys`] (shared with routing's event
+//! side) and re-exported here.
 //!
 //! These are pure functions; the gate (all images accounted or text-prefix fallback) and the
 //! `RoutePlan` are built around them by the pipeline.
-
-mod blocks;
 
 use serde_json::Value as Json;
 
@@ -13,7 +12,7 @@ use crate::accounting::{RunPart, TextExpansion};
 use crate::prompt::{PromptError, PromptModel, RenderOptions};
 use crate::request::Request;
 
-pub use blocks::{block_keys, chain_key, seed, ImageSpan};
+pub use crate::keys::{block_keys, chain_key, seed, ImageSpan};
 
 /// Why a prompt could not be planned. `label()` values are Prometheus `reason` labels.
 #[derive(Debug, thiserror::Error)]
