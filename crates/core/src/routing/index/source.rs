@@ -22,7 +22,7 @@ pub struct BySource {
 }
 
 impl BySource {
-    fn slot(&mut self, source: Source) -> &mut usize {
+    pub(super) fn slot(&mut self, source: Source) -> &mut usize {
         match source {
             Source::Event => &mut self.events,
             Source::Pending => &mut self.pending,
