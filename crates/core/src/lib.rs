@@ -13,7 +13,7 @@
 //! server's observe stage turns them into metrics. See ARCHITECTURE.md for the crate map.
 
 pub mod accounting;
-pub mod keys;
+mod keys;
 pub mod media;
 pub mod model;
 pub mod pipeline;

@@ -1,14 +1,14 @@
 //! `mmrouter sim`: a stand-in vLLM worker, good enough to measure routing without a GPU.
 //!
 //! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
-//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's ([`cache`]), reports
-//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model ([`timing`]), exposes
-//! vLLM-named `/metrics` ([`exposition`]) and injects faults on request (error rate, added delay,
+//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's (`cache`), reports
+//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model (`timing`), exposes
+//! vLLM-named `/metrics` (`exposition`) and injects faults on request (error rate, added delay,
 //! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
 //! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged.
 //!
 //! The server knows no chat template or tokenizer: a [`Prompter`] turns a request into a token count
-//! and chained block keys. [`ExactPrompter`] is the real one: the router's own core pipeline
+//! and chained block keys. `ExactPrompter` is the real one: the router's own core pipeline
 //! (template + tokenizer + image expansion + block hashing) as ground truth, so figures measured
 //! against sims are self-consistent with the router, not independent of it. [`WordPrompter`] is the
 //! crude fallback some tests use.
@@ -22,27 +22,27 @@
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 //!
 //! Layout: `options` and `error` (what a sim is told and how it refuses), `prompt` (the [`Prompter`]
-//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, [`timing`], `events`,
-//! [`exposition`], `stats`; [`ExactPrompter`] and [`WordPrompter`] in `exact` and `prompter`. This file
+//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, `timing`, `events`,
+//! `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`. This file
 //! only re-exports: the modules import each other by the defining file, never through here.
 
 mod cache;
 mod error;
 mod events;
 mod exact;
-pub mod exposition;
+mod exposition;
 mod handle;
 mod options;
 mod prompt;
 mod prompter;
 mod server;
 mod stats;
-pub mod timing;
+mod timing;
 
 pub use error::SimError;
-pub use exact::{engine_image_id, run_exact, spawn_exact, ExactPrompter};
-pub use handle::{run, spawn, SimHandle};
-pub use options::{default_fetch_cidrs, default_fetch_hosts, KvEventsFormat, SimOptions, DEFAULT_MODEL};
+pub use exact::{engine_image_id, run_exact, spawn_exact};
+pub use handle::{spawn, SimHandle};
+pub use options::{KvEventsFormat, SimOptions, DEFAULT_MODEL};
 pub use prompt::{Prompter, SimImage, SimPrompt};
 pub use prompter::WordPrompter;
 pub use stats::SimStats;

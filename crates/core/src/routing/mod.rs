@@ -21,11 +21,11 @@ pub mod events;
 pub mod index;
 mod kv;
 mod least_loaded;
-pub mod load;
-pub mod outlier;
+mod load;
+mod outlier;
 mod policy;
 mod round_robin;
-pub mod worker;
+mod worker;
 
 use std::sync::Arc;
 use std::time::Instant;

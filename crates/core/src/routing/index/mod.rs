@@ -58,11 +58,12 @@ use serde::Serialize;
 use self::set::Matching;
 use self::store::{Store, Ttls, Write, NIL};
 
-pub use self::limits::{LOOKAHEAD, MAX_WORKERS, SCAN_CHUNK, WRITE_CHUNK};
+use self::limits::{LOOKAHEAD, WRITE_CHUNK};
+pub use self::limits::{MAX_WORKERS, SCAN_CHUNK};
 pub use self::source::{BySource, Source};
 
 /// Most keys the budget may name (the table's addressing limit).
-pub const MAX_BLOCKS: usize = table::MAX_KEYS;
+pub(crate) const MAX_BLOCKS: usize = table::MAX_KEYS;
 
 /// How many leading blocks of a prompt a worker holds, and from which source each came.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
