@@ -132,7 +132,7 @@ pub struct ImagePart<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// A top-level field the pipeline reads (see `KNOWN_FIELDS`), as sent.
+    /// A top-level field the pipeline reads (see `KNOWN_FIELDS` in `de.rs`), as sent.
     pub fn field(&self, key: &str) -> Option<&Value> {
         self.fields.get(key).filter(|v| !v.is_null())
     }
