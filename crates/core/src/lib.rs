@@ -11,8 +11,13 @@
 //! text-prefix plan with a reason); [`routing`] ranks the workers. Everything that happens is
 //! reported as values ([`pipeline::Planned`], [`routing::Decision`], [`media::ProbeTiming`]); the
 //! server's observe stage turns them into metrics. See ARCHITECTURE.md for the crate map.
+//!
+//! The block keys both sides of routing compute (from a plan, from a worker's KV events) are in
+//! `keys`, a leaf that imports nothing of the crate, so `plan`, `media` and `routing` share them
+//! without knowing each other.
 
 pub mod accounting;
+mod keys;
 pub mod media;
 pub mod model;
 pub mod pipeline;

@@ -56,7 +56,7 @@ pub mod decode;
 pub mod discovery;
 pub mod endpoint;
 #[cfg(feature = "feed")]
-pub mod feed;
+mod feed;
 #[cfg(feature = "feed")]
 mod zmtp;
 

@@ -20,7 +20,9 @@ use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::{Pipeline, PipelineConfig, PromptTrace, Route, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request};
 
-use crate::{Prompter, SimHandle, SimImage, SimOptions, SimPrompt};
+use crate::handle::SimHandle;
+use crate::options::SimOptions;
+use crate::prompt::{Prompter, SimImage, SimPrompt};
 
 /// The prompter that plans with `mmrouter-core`.
 pub struct ExactPrompter {
@@ -171,13 +173,13 @@ fn exact(opts: &SimOptions) -> anyhow::Result<Arc<ExactPrompter>> {
 /// `mmrouter sim`: one simulated worker with the exact prompter until `shutdown`.
 pub async fn run_exact(opts: SimOptions, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let prompter = exact(&opts)?;
-    crate::run(opts, prompter, shutdown).await
+    crate::handle::run(opts, prompter, shutdown).await
 }
 
 /// Starts a sim whose prompter is the exact pipeline for `opts.model_dir` (bundled qwen3-vl by default).
 pub async fn spawn_exact(opts: SimOptions) -> anyhow::Result<SimHandle> {
     let prompter = exact(&opts)?;
-    crate::spawn(opts, prompter).await
+    crate::handle::spawn(opts, prompter).await
 }
 
 #[cfg(test)]

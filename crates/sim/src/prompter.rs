@@ -15,7 +15,7 @@
 use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::{Prompter, SimPrompt};
+use crate::prompt::{Prompter, SimPrompt};
 
 /// Seeds keep words, images and other parts in separate id spaces.
 const WORD_SEED: u64 = 0x5749_4d5f_574f_5244;

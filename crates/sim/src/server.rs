@@ -27,11 +27,14 @@ use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use super::cache::PrefixCache;
-use super::events::Publisher;
-use super::exposition::{self, Snapshot};
-use super::timing::{decode_delay, ttft, Dice};
-use super::{Prompter, SimError, SimOptions, SimPrompt, SimStats};
+use crate::cache::PrefixCache;
+use crate::error::SimError;
+use crate::events::Publisher;
+use crate::exposition::{self, Snapshot};
+use crate::options::SimOptions;
+use crate::prompt::{Prompter, SimPrompt};
+use crate::stats::SimStats;
+use crate::timing::{decode_delay, ttft, Dice};
 
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");

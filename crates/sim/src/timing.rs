@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 
-use super::SimOptions;
+use crate::options::SimOptions;
 
 /// Time to first token for a prompt with `uncached_tokens` tokens to prefill.
 pub fn ttft(uncached_tokens: u32, opts: &SimOptions) -> Duration {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::MediaError;
+use crate::media::error::MediaError;
 
 pub(crate) struct Budget {
     used: AtomicUsize,

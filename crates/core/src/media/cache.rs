@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::media::ImageInfo;
+use crate::media::image::ImageInfo;
 
 pub(crate) struct UrlCache {
     ttl: Duration,
@@ -91,7 +91,8 @@ impl UrlCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::{ImageDigest, Source};
+    use crate::keys::ImageDigest;
+    use crate::media::image::Source;
 
     fn info(n: u8) -> ImageInfo {
         ImageInfo { digest: ImageDigest([n; 32]), width: 1, height: 1, format: "png", bytes: 1, source: Source::Http }

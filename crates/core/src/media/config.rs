@@ -111,10 +111,10 @@ impl MediaConfig {
             );
         }
         for cidr in &self.allow_cidrs {
-            crate::media::guard::parse_cidr(cidr).ok_or_else(|| format!("media.allow_cidrs: invalid CIDR '{cidr}'"))?;
+            crate::media::allow::parse_cidr(cidr).ok_or_else(|| format!("media.allow_cidrs: invalid CIDR '{cidr}'"))?;
         }
         for host in &self.allow_hosts {
-            crate::media::guard::parse_allowed_host(host)
+            crate::media::allow::parse_allowed_host(host)
                 .ok_or_else(|| format!("media.allow_hosts: invalid host '{host}'"))?;
         }
         Ok(())

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 
-use crate::media::MediaError;
+use crate::media::error::MediaError;
 
 /// Encoded characters decoded per chunk (a multiple of 4, so chunks need no padding). Each chunk
 /// decodes to 48 KiB: whole 1 KiB BLAKE3 chunks, 16 at a time, which keeps the hasher on its wide

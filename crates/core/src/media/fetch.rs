@@ -17,9 +17,10 @@ use reqwest::StatusCode;
 use url::Url;
 
 use crate::media::budget::Budget;
+use crate::media::config::MediaConfig;
+use crate::media::error::MediaError;
 use crate::media::guard::{Guard, GuardedResolver, ResolvedToBlocked};
 use crate::media::probe::{probe_header, HEADER_PROBE_BYTES};
-use crate::media::{MediaConfig, MediaError};
 
 const USER_AGENT: &str = concat!("mmrouter/", env!("CARGO_PKG_VERSION"), " (image probe)");
 

@@ -6,13 +6,16 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 
+use crate::keys::ImageDigest;
 use crate::media::budget::Budget;
 use crate::media::cache::UrlCache;
+use crate::media::config::{MediaConfig, Orientation};
 use crate::media::data_url;
+use crate::media::error::MediaError;
 use crate::media::fetch::Fetcher;
 use crate::media::guard::Guard;
+use crate::media::image::{ImageInfo, Source};
 use crate::media::probe::{probe_bytes, probe_header, HEADER_PROBE_BYTES};
-use crate::media::{ImageDigest, ImageInfo, MediaConfig, MediaError, Orientation, Source};
 
 /// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use std::io::Cursor;
 
 use image::{ImageDecoder, ImageFormat, ImageReader, Limits};
 
-use crate::media::{MediaConfig, MediaError, Orientation};
+use crate::media::config::{MediaConfig, Orientation};
+use crate::media::error::MediaError;
 
 /// Bytes of a prefix worth probing: JPEG EXIF/ICC segments before SOF can each be up to 64 KiB.
 pub(crate) const HEADER_PROBE_BYTES: usize = 64 * 1024;

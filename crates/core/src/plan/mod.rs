@@ -1,11 +1,10 @@
 //! Planning primitives: the prompt's token ids as the worker will see them (chat template,
-//! tokenizer, each image placeholder expanded to its exact run), the image spans inside them, and
-//! the chained KV block keys the router's index is keyed by.
+//! tokenizer, each image placeholder expanded to its exact run) and the image spans inside them. The
+//! chained KV block keys cut from them are computed in [`crate::keys`] (shared with routing's event
+//! side) and re-exported here.
 //!
 //! These are pure functions; the gate (all images accounted or text-prefix fallback) and the
 //! `RoutePlan` are built around them by the pipeline.
-
-mod blocks;
 
 use serde_json::Value as Json;
 
@@ -13,7 +12,7 @@ use crate::accounting::{RunPart, TextExpansion};
 use crate::prompt::{PromptError, PromptModel, RenderOptions};
 use crate::request::Request;
 
-pub use blocks::{block_keys, chain_key, seed, ImageSpan};
+pub use crate::keys::{block_keys, seed, ImageSpan};
 
 /// Why a prompt could not be planned. `label()` values are Prometheus `reason` labels.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +77,7 @@ pub fn tokenize_chat(
 
 /// Refuses text above `limit` before it is tokenized (the expensive step: ~0.1 µs per token with
 /// `mmrouter-tokenize`, ~1–2 µs with `tokenizers`).
-pub fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<(), PlanError> {
+pub(crate) fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<(), PlanError> {
     match limit {
         Some(limit) if size > limit => Err(PlanError::PromptTooLong { unit: "bytes", size, limit }),
         _ => Ok(()),
@@ -87,7 +86,7 @@ pub fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<(), PlanE
 
 /// The ids of a rendered chat: vLLM adds no special tokens unless the request asks
 /// (`add_special_tokens`).
-pub fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: &str) -> Result<Vec<u32>, PlanError> {
+pub(crate) fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: &str) -> Result<Vec<u32>, PlanError> {
     Ok(match request.field("add_special_tokens") {
         Some(Json::Bool(true)) => model.encode_with(text, true)?,
         _ => model.encode(text)?,
@@ -97,7 +96,7 @@ pub fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: &str) -
 /// Replaces placeholder i by `images[i]`'s text expansion *in the rendered text* and tokenizes the
 /// result, as the HF processor does, so the expansion's edges merge with their neighbours exactly as
 /// on the worker (Gemma 3's `"\n\n"`). Each image's span is its run of embedding tokens.
-pub fn expand_text(
+pub(crate) fn expand_text(
     model: &PromptModel,
     tokens: &ChatTokens,
     placeholder: &str,

@@ -21,8 +21,7 @@ use std::collections::HashMap;
 
 use mmrouter_kv_events::{BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
 
-use crate::media::image_key;
-use crate::plan::{chain_key, seed};
+use crate::keys::{chain_key, image_key, seed};
 
 /// What one batch changes in the index for its worker, in order: clear (if set), remove, store.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -249,8 +248,7 @@ fn block_key_inputs(tokens: &[u64], extras: Option<&[ExtraKey]>, vocab: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::ImageDigest;
-    use crate::plan::{block_keys, ImageSpan};
+    use crate::keys::{block_keys, ImageDigest, ImageSpan};
     use mmrouter_kv_events::EngineHash;
 
     const BS: u32 = 4;

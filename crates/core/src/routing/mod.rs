@@ -21,11 +21,11 @@ pub mod events;
 pub mod index;
 mod kv;
 mod least_loaded;
-pub mod load;
-pub mod outlier;
+mod load;
+mod outlier;
 mod policy;
 mod round_robin;
-pub mod worker;
+mod worker;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +36,8 @@ pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
 pub use worker::{Admission, Engine, LoadGuard, Worker, WorkerSpec};
+
+pub use policy::SelectRequest;
 
 use policy::{Candidates, Policy};
 
@@ -175,17 +177,6 @@ impl RoutingConfig {
     pub fn worker_share_blocks(&self) -> usize {
         ((self.index_max_blocks as f64 * self.index_worker_share) as usize).max(1)
     }
-}
-
-/// What `select` needs to know about a request.
-pub struct SelectRequest<'a> {
-    /// The prompt's chained block keys, in order.
-    pub blocks: &'a [u64],
-    pub block_size: u32,
-    /// Prompt tokens, images expanded (for a text-prefix plan: what the router can count).
-    pub prompt_tokens: u32,
-    /// Expected decode tokens (e.g. `max_tokens`).
-    pub decode_tokens: u32,
 }
 
 /// The ranking behind one choice (answered by `/debug/route`). The router never stores it: the caller

@@ -1,10 +1,20 @@
-//! The policy trait every selection strategy implements, and the shared pickers (argmin with a random
-//! tie-break, softmax sampling).
+//! The policy trait every selection strategy implements, what a policy sees (the request and the
+//! per-worker candidates), and the shared pickers (argmin with a random tie-break, softmax sampling).
 
 use rand::{Rng, RngCore};
 
 use super::load::InFlight;
-use super::SelectRequest;
+
+/// What `select` needs to know about a request.
+pub struct SelectRequest<'a> {
+    /// The prompt's chained block keys, in order.
+    pub blocks: &'a [u64],
+    pub block_size: u32,
+    /// Prompt tokens, images expanded (for a text-prefix plan: what the router can count).
+    pub prompt_tokens: u32,
+    /// Expected decode tokens (e.g. `max_tokens`).
+    pub decode_tokens: u32,
+}
 
 /// What a policy sees for one request; every slice is indexed by worker.
 pub(crate) struct Candidates<'a> {

@@ -44,7 +44,7 @@ use crate::decode::{DecodeError, EventBatch};
 use crate::endpoint::{self, Endpoint, EndpointError};
 
 mod log_limit;
-pub mod replay;
+mod replay;
 mod task;
 mod tracker;
 
@@ -54,7 +54,6 @@ mod hostile_tests;
 mod socket_tests;
 
 pub use crate::zmtp::ZmtpError;
-pub use replay::ReplayError;
 
 /// Configuration of one feed (one publisher).
 #[derive(Clone, Debug, PartialEq)]

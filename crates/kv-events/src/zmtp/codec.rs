@@ -8,7 +8,8 @@
 
 use bytes::Bytes;
 
-use super::{Limits, ZmtpError};
+use super::error::ZmtpError;
+use super::limits::Limits;
 
 /// Size of the fixed input buffer: headers, greeting, commands and small frames pass through it.
 pub(crate) const READ_CHUNK: usize = 8 * 1024;

@@ -19,7 +19,8 @@ use std::ops::Range;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::wire::{ExtraKey, Stored};
-use crate::{KvEventsFormat, SimImage, SimPrompt};
+use crate::options::KvEventsFormat;
+use crate::prompt::{SimImage, SimPrompt};
 
 /// Seed of the simulated engine's block hash (`"sim-engn"`), unrelated to any key the router computes.
 const ENGINE_SEED: u64 = 0x7369_6d2d_656e_676e;

@@ -3,7 +3,7 @@
 //! Every admission that changes the cache becomes one batch (vLLM publishes one per engine step that
 //! has events): a `BlockRemoved` per evicted block that had been announced, then a `BlockStored` per
 //! run of newly cached blocks ([`blocks`]), encoded in the chosen format ([`wire`]). The batch gets the
-//! next seq and enters the replay ring *while the cache lock is held*, so seq order is the order in
+//! next seq and enters the replay ring ([`ring`]) *while the cache lock is held*, so seq order is the order in
 //! which the cache changed; sending it is left to the publisher task ([`sockets`]) through a bounded
 //! queue, so request handling never waits on a subscriber. A full queue drops the batch (counted); it
 //! stays in the ring, so subscribers see a gap and replay it, as after a real PUB's high-water mark.
@@ -13,74 +13,32 @@
 //! ring without any `AllBlocksCleared`, as a restarted vLLM process does.
 
 mod blocks;
+mod ring;
 mod sockets;
 mod wire;
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::cache::Admission;
+use crate::options::{KvEventsFormat, SimOptions};
+use crate::prompt::SimPrompt;
 use crate::timing::Dice;
-use crate::{KvEventsFormat, SimOptions, SimPrompt};
 
 pub(crate) use sockets::Sockets;
 
 use blocks::PromptBlocks;
+use ring::{lock, Counters, Log, Outgoing};
 use wire::Event;
 
 /// Batches waiting for the publisher task; beyond this they are dropped (and replayable).
 const QUEUE_CAPACITY: usize = 16_384;
 /// Keeps the drop dice apart from the request fault dice, so turning events on changes no other fault.
 const DICE_SALT: u64 = 0x6b76_2d65_7665_6e74;
-
-/// The replay ring and what the subscribers were told, shared with the replay task.
-#[derive(Debug, Default)]
-pub(crate) struct Log {
-    next_seq: u64,
-    capacity: usize,
-    /// `(seq, payload)`, oldest first.
-    ring: VecDeque<(u64, Bytes)>,
-    /// Engine hash of every announced block still cached, by router key: removals name these.
-    announced: HashMap<u64, u64>,
-}
-
-impl Log {
-    fn push(&mut self, payload: Bytes) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.ring.push_back((seq, payload));
-        while self.ring.len() > self.capacity {
-            self.ring.pop_front();
-        }
-        seq
-    }
-
-    /// Buffered batches with seq ≥ `start`, oldest first.
-    pub fn since(&self, start: u64) -> Vec<(u64, Bytes)> {
-        self.ring.iter().filter(|(seq, _)| *seq >= start).cloned().collect()
-    }
-}
-
-/// A batch handed to the publisher task.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    pub seq: u64,
-    pub payload: Bytes,
-    pub created: tokio::time::Instant,
-}
-
-/// Counters shared with the publisher task.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub batches: AtomicU64,
-    pub dropped: AtomicU64,
-    pub overflowed: AtomicU64,
-}
 
 /// The request side of the event publisher: turns admissions into batches.
 pub(crate) struct Publisher {
@@ -96,7 +54,7 @@ pub(crate) struct Publisher {
 
 /// Binds the PUB (and the replay ROUTER) and starts their tasks.
 pub(crate) async fn start(endpoint: &str, opts: &SimOptions) -> anyhow::Result<(Publisher, Sockets)> {
-    let log = Arc::new(Mutex::new(Log { capacity: opts.kv_events_buffer, ..Log::default() }));
+    let log = Arc::new(Mutex::new(Log::new(opts.kv_events_buffer)));
     let counters = Arc::new(Counters::default());
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
     let sockets = Sockets::bind(endpoint, opts, log.clone(), counters.clone(), rx).await?;
@@ -117,16 +75,12 @@ impl Publisher {
     pub fn admitted(&self, prompt: &SimPrompt, admission: &Admission) {
         let blocks = PromptBlocks::new(prompt, self.block_size);
         let mut log = lock(&self.log);
-        let mut events: Vec<Event> = admission
-            .evicted
-            .iter()
-            .filter_map(|key| log.announced.remove(key))
-            .map(|h| Event::Removed(vec![h]))
-            .collect();
+        let mut events: Vec<Event> =
+            admission.evicted.iter().filter_map(|key| log.forget(key)).map(|h| Event::Removed(vec![h])).collect();
         if let Some(blocks) = &blocks {
             for run in blocks.new_runs(&admission.stored) {
                 for i in run.clone() {
-                    log.announced.insert(blocks.key(i), blocks.hashes[i]);
+                    log.announce(blocks.key(i), blocks.hashes[i]);
                 }
                 events.push(Event::Stored(blocks.stored(run, self.format)));
             }
@@ -143,10 +97,7 @@ impl Publisher {
     /// A restarted engine: seq back to 0, an empty ring, nothing announced. Call it with the cache lock
     /// held, as the cache is cleared.
     pub fn restart(&self) {
-        let mut log = lock(&self.log);
-        log.next_seq = 0;
-        log.ring.clear();
-        log.announced.clear();
+        lock(&self.log).restart();
     }
 
     pub fn set_drop_rate(&self, rate: f64) {
@@ -166,28 +117,6 @@ impl Publisher {
     }
 }
 
-fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
-    // The log is consistent between statements, so a panic elsewhere does not poison it.
-    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn unix_time() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ring_keeps_the_last_batches() {
-        let mut log = Log { capacity: 2, ..Log::default() };
-        for i in 0..4u8 {
-            assert_eq!(log.push(Bytes::from(vec![i])), u64::from(i));
-        }
-        let seqs: Vec<u64> = log.since(0).iter().map(|(s, _)| *s).collect();
-        assert_eq!(seqs, vec![2, 3]);
-        assert_eq!(log.since(3).len(), 1);
-        assert!(log.since(4).is_empty());
-    }
 }

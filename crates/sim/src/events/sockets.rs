@@ -22,8 +22,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessage};
 
-use super::{lock, Counters, Log, Outgoing};
-use crate::SimOptions;
+use super::ring::{lock, Counters, Log, Outgoing};
+use crate::options::SimOptions;
 
 /// Longest a send may wait on a slow subscriber before the batch is given up.
 const SEND_TIMEOUT: Duration = Duration::from_secs(1);

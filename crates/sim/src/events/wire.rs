@@ -17,7 +17,7 @@
 
 use rmpv::Value;
 
-use crate::KvEventsFormat;
+use crate::options::KvEventsFormat;
 
 /// One item of a block's `extra_keys` (vLLM ≥ 0.19 event form).
 #[derive(Clone, Debug, PartialEq, Eq)]

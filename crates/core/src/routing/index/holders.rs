@@ -12,8 +12,9 @@
 //!
 //! Removals move a key back to the smaller forms.
 
+use super::limits::MAX_WORKERS;
 use super::set::{Matching, WorkerSet};
-use super::{Source, MAX_WORKERS};
+use super::source::Source;
 
 /// Tag of an unused array position.
 const EMPTY: u16 = u16::MAX;

@@ -42,7 +42,9 @@
 //! write shows up as a shorter overlap, never a longer one).
 
 mod holders;
+mod limits;
 mod set;
+mod source;
 mod store;
 mod table;
 #[cfg(test)]
@@ -53,34 +55,15 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 
-use self::holders::Holder;
 use self::set::Matching;
 use self::store::{Store, Ttls, Write, NIL};
 
-/// Most workers one index (and therefore one router) can track: worker ids are `0..MAX_WORKERS`.
-pub const MAX_WORKERS: usize = 1024;
-
-/// Most keys written per lock hold: a 256-key chunk takes tens of microseconds at most.
-pub const WRITE_CHUNK: usize = 256;
-
-/// Most slots [`BlockIndex::remove_worker`] scans per lock hold: about 20 µs at 10 M keys (a step may
-/// follow a pointer to the key's holders).
-pub const SCAN_CHUNK: usize = 1024;
-
-/// Keys a probe looks up together before walking their holders.
-pub const LOOKAHEAD: usize = 16;
+use self::limits::{LOOKAHEAD, WRITE_CHUNK};
+pub use self::limits::{MAX_WORKERS, SCAN_CHUNK};
+pub use self::source::{BySource, Source};
 
 /// Most keys the budget may name (the table's addressing limit).
-pub const MAX_BLOCKS: usize = table::MAX_KEYS;
-
-/// Where a (key, worker) entry comes from; see the module docs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    Event = 0,
-    Pending = 1,
-    Approximate = 2,
-}
+pub(crate) const MAX_BLOCKS: usize = table::MAX_KEYS;
 
 /// How many leading blocks of a prompt a worker holds, and from which source each came.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -90,37 +73,6 @@ pub struct Overlap {
     pub events: u32,
     pub pending: u32,
     pub approximate: u32,
-}
-
-/// Entries per source (stored ones: an expired entry counts until it is swept; see the `store` module).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BySource {
-    pub events: usize,
-    pub pending: usize,
-    pub approximate: usize,
-}
-
-impl BySource {
-    fn slot(&mut self, source: Source) -> &mut usize {
-        match source {
-            Source::Event => &mut self.events,
-            Source::Pending => &mut self.pending,
-            Source::Approximate => &mut self.approximate,
-        }
-    }
-
-    fn add(&mut self, h: Holder) {
-        *self.slot(h.source) += 1;
-    }
-
-    fn sub(&mut self, h: Holder) {
-        *self.slot(h.source) -= 1;
-    }
-
-    /// All entries.
-    pub fn total(&self) -> usize {
-        self.events + self.pending + self.approximate
-    }
 }
 
 /// Thread-safe index of chained block keys → workers; see the module docs.

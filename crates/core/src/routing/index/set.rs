@@ -5,7 +5,7 @@
 //! the pool (one for 8 workers, sixteen for 1024) and narrows as workers drop out, so after a shared
 //! system prompt a probe with four workers left touches one or two words per block, not sixteen.
 
-use super::MAX_WORKERS;
+use super::limits::MAX_WORKERS;
 
 /// Words in a full set.
 const WORDS: usize = MAX_WORKERS / 64;

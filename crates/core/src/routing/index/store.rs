@@ -8,8 +8,9 @@
 //! or when the sweep hand passes its slot — so nothing here needs a timer.
 
 use super::holders::{Holder, Holders};
+use super::limits::{MAX_WORKERS, WRITE_CHUNK};
+use super::source::{BySource, Source};
 use super::table::Table;
-use super::{BySource, Source, MAX_WORKERS, WRITE_CHUNK};
 
 /// Sentinel for "no slot" in the LRU and free lists.
 pub(super) const NIL: u32 = u32::MAX;
@@ -297,7 +298,7 @@ impl Store {
     }
 
     fn count_add(&mut self, h: Holder) {
-        self.counts.add(h);
+        self.counts.add(h.source);
         self.per_worker[usize::from(h.worker)] += 1;
         if h.source == Source::Event {
             self.per_worker_events[usize::from(h.worker)] += 1;
@@ -341,7 +342,7 @@ impl Store {
 
 /// Takes one entry out of the running counts (split from [`Store`] so callers can borrow its nodes).
 fn uncount(counts: &mut BySource, per_worker: &mut [u32], per_worker_events: &mut [u32], h: Holder) {
-    counts.sub(h);
+    counts.sub(h.source);
     per_worker[usize::from(h.worker)] -= 1;
     if h.source == Source::Event {
         per_worker_events[usize::from(h.worker)] -= 1;

@@ -1,13 +1,60 @@
-//! Chained KV block keys, shaped like vLLM's prefix-cache hashes: one key per *full* block, each
-//! covering its whole prefix (the previous key is hashed in), with the images overlapping the
-//! block as extra keys (content hash + start offset relative to the block, negative for an image
-//! continuing from an earlier block). The chain's seed partitions the key space by model, LoRA
-//! adapter and `cache_salt`, as vLLM's extra keys do.
+//! Block keys: the names the router's index is keyed by, computed the same way from a planned prompt and
+//! from a worker's KV events, so the two always agree (see `routing/events.rs`).
 //!
-//! Hash input is fixed-width little-endian with explicit counts and lengths, so two different
-//! inputs never serialise to the same bytes.
+//! * An image's key: the first 16 bytes of its BLAKE3 content digest ([`ImageDigest::key`]), or, for an
+//!   image named by some other identifier in an event, a hash of that name ([`image_key`]).
+//! * A chain's [`seed`]: model, LoRA adapter and `cache_salt`, so requests differing in any never share a key.
+//! * Chained block keys, shaped like vLLM's prefix-cache hashes: one key per *full* block, each covering
+//!   its whole prefix (the previous key is hashed in, [`chain_key`]), with the images overlapping the block
+//!   as extra keys (image key + start offset relative to the block, negative for an image continuing from
+//!   an earlier block); [`block_keys`] cuts a whole prompt.
+//!
+//! Hash input is fixed-width little-endian with explicit counts and lengths, so two different inputs never
+//! serialise to the same bytes. A leaf: it imports nothing of the crate, so the planner, intake and the
+//! event side of routing can all use it without knowing each other.
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+
+/// An image's identity: BLAKE3 of its raw (encoded) bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ImageDigest(pub [u8; 32]);
+
+impl ImageDigest {
+    pub fn of(bytes: &[u8]) -> ImageDigest {
+        ImageDigest(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// The key block hashing uses: the digest's first 16 bytes, big-endian.
+    pub fn key(&self) -> u128 {
+        let mut head = [0u8; 16];
+        head.copy_from_slice(&self.0[..16]);
+        u128::from_be_bytes(head)
+    }
+
+    /// 64 lowercase hex digits: the `uuid` vLLM is given, and its KV events' identifier.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Debug for ImageDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ImageDigest({})", self.hex())
+    }
+}
+
+/// The block-hash key of an image named `identifier` in a worker's KV events: the router's own
+/// digests (64 hex digits) map back to their [`ImageDigest::key`]; any other name (a trusted client
+/// uuid, an engine's own hash) is keyed by a hash of the name, as the router keys it when it routes.
+pub fn image_key(identifier: &str) -> u128 {
+    let hex = identifier.as_bytes();
+    if hex.len() == 64 && hex.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+        if let Ok(key) = u128::from_str_radix(&identifier[..32], 16) {
+            return key;
+        }
+    }
+    xxh3_128(identifier.as_bytes())
+}
 
 /// Where one image's run sits in the expanded prompt, and what it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -107,6 +154,17 @@ fn put_opt_str(buf: &mut Vec<u8>, s: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_keys_and_identifiers_agree() {
+        let d = ImageDigest::of(b"an image");
+        assert_eq!(d.hex().len(), 64);
+        assert_eq!(image_key(&d.hex()), d.key(), "the router's uuid maps back to its key");
+        assert_ne!(image_key("client-chosen-id"), d.key());
+        assert_eq!(image_key("client-chosen-id"), image_key("client-chosen-id"));
+        // Upper-case hex is not ours (we write lower case): keyed as a name.
+        assert_ne!(image_key(&d.hex().to_uppercase()), d.key());
+    }
 
     #[test]
     fn seed_sections_are_unambiguous() {

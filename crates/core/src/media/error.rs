@@ -1,0 +1,99 @@
+//! Every way intake can fail, each with the stable snake_case label that becomes the request's
+//! fallback `reason` (and the Prometheus label): one type, so every reader and check reports alike.
+
+/// Every way intake can fail. [`label`](MediaError::label) is the stable fallback reason.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// More image parts than `media.max_images`.
+    #[error("request has {count} images, more than media.max_images = {limit}")]
+    TooManyImages { count: usize, limit: usize },
+    /// One image is over `media.max_image_bytes`.
+    #[error("image is {size} bytes or more, over media.max_image_bytes = {limit}")]
+    ImageTooLarge { size: u64, limit: usize },
+    /// The images of one request together are over `media.max_total_bytes`.
+    #[error("images of the request exceed media.max_total_bytes = {limit}")]
+    TotalTooLarge { limit: usize },
+    /// The header claims more pixels than `media.max_pixels` (decompression-bomb guard).
+    #[error("image header claims {width}x{height}, over media.max_pixels = {limit}")]
+    TooManyPixels { width: u64, height: u64, limit: u64 },
+    /// Not `data:`, `http:` or `https:`, or not a parseable URL.
+    #[error("invalid image URL: {0}")]
+    InvalidUrl(String),
+    /// A `data:` URL that is not `data:image/…;base64,…` with valid base64.
+    #[error("invalid data URL: {0}")]
+    InvalidDataUrl(String),
+    /// The SSRF guard refused the URL, a redirect target or every resolved address.
+    #[error("fetch blocked: {0}")]
+    FetchBlocked(String),
+    /// Network or HTTP failure.
+    #[error("fetch failed: {0}")]
+    FetchFailed(String),
+    /// The fallback decoder hit its `Limits` (size or memory): treated like an oversized image.
+    #[error("image decode limit exceeded: {0}")]
+    DecodeLimit(String),
+    /// `media.fetch_timeout_ms`, `media.connect_timeout_ms` or `media.deadline_ms` ran out.
+    #[error("fetch timed out after {after_ms} ms ({limit})")]
+    FetchTimeout { after_ms: u64, limit: &'static str },
+    /// Neither the header nor a full decode gave usable dimensions.
+    #[error("could not probe image size: {0}")]
+    ProbeFailed(String),
+    /// The header-less fallback decode failed.
+    #[error("could not decode image: {0}")]
+    DecodeFailed(String),
+    /// Not one of JPEG, PNG, GIF, WebP, BMP.
+    #[error("unsupported image format: {0}")]
+    UnsupportedFormat(String),
+}
+
+impl MediaError {
+    /// Stable snake_case label (the Prometheus `reason` value).
+    pub fn label(&self) -> &'static str {
+        match self {
+            MediaError::TooManyImages { .. } => "too_many_images",
+            MediaError::ImageTooLarge { .. }
+            | MediaError::TotalTooLarge { .. }
+            | MediaError::TooManyPixels { .. }
+            | MediaError::DecodeLimit(_) => "too_large",
+            MediaError::InvalidUrl(_) => "invalid_url",
+            MediaError::InvalidDataUrl(_) => "invalid_data_url",
+            MediaError::FetchBlocked(_) => "fetch_blocked",
+            MediaError::FetchFailed(_) => "fetch_failed",
+            MediaError::FetchTimeout { .. } => "fetch_timeout",
+            MediaError::ProbeFailed(_) => "probe_failed",
+            MediaError::DecodeFailed(_) => "decode_failed",
+            MediaError::UnsupportedFormat(_) => "unsupported_format",
+        }
+    }
+
+    /// True for policy refusals (the proxy answers 400 when `media.reject_blocked_urls` is set).
+    pub fn is_blocked(&self) -> bool {
+        matches!(self, MediaError::FetchBlocked(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_the_design_contract() {
+        let cases: Vec<(MediaError, &str)> = vec![
+            (MediaError::FetchBlocked("x".into()), "fetch_blocked"),
+            (MediaError::FetchFailed("x".into()), "fetch_failed"),
+            (MediaError::FetchTimeout { after_ms: 1, limit: "media.fetch_timeout_ms" }, "fetch_timeout"),
+            (MediaError::ImageTooLarge { size: 2, limit: 1 }, "too_large"),
+            (MediaError::TotalTooLarge { limit: 1 }, "too_large"),
+            (MediaError::TooManyPixels { width: 1, height: 1, limit: 0 }, "too_large"),
+            (MediaError::DecodeLimit("x".into()), "too_large"),
+            (MediaError::ProbeFailed("x".into()), "probe_failed"),
+            (MediaError::DecodeFailed("x".into()), "decode_failed"),
+            (MediaError::UnsupportedFormat("x".into()), "unsupported_format"),
+            (MediaError::TooManyImages { count: 2, limit: 1 }, "too_many_images"),
+            (MediaError::InvalidDataUrl("x".into()), "invalid_data_url"),
+            (MediaError::InvalidUrl("x".into()), "invalid_url"),
+        ];
+        for (err, label) in cases {
+            assert_eq!(err.label(), label, "{err}");
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Stage **account**: every image of the request turned into its token count and its expansion in the
+//! prompt (a token run, or text for families whose expansion merges with its neighbours), with its
+//! identity for the block keys and its plan entry — or the first failure's label.
+
+use std::sync::Arc;
+
+use crate::accounting::{AccountingError, ImageTokens, RequestContext, RunPart, TextExpansion};
+use crate::keys::image_key;
+use crate::media::ImageInfo;
+use crate::pipeline::counter::ImageCounter;
+use crate::pipeline::error::Fallback;
+use crate::pipeline::output::{PlannedImage, UuidSplice};
+use crate::plan::{ChatTokens, PlanError};
+use crate::request::{ImagePart, Request};
+
+/// What accounting needs from the pipeline, borrowed for one request.
+pub(super) struct Accounting<'p> {
+    /// `Err` when the model has no accounting profile: its label is the fallback reason.
+    pub counter: &'p Result<Arc<dyn ImageCounter>, AccountingError>,
+    pub max_model_len: Option<u32>,
+    pub trust_client_uuids: bool,
+}
+
+impl Accounting<'_> {
+    /// All images of the request, or the first failure's label.
+    pub(super) fn account(
+        &self,
+        req: &Request<'_>,
+        tokens: &Result<ChatTokens, PlanError>,
+        infos: Vec<ImageInfo>,
+    ) -> Result<Vec<Accounted>, Fallback> {
+        if infos.is_empty() {
+            return Ok(Vec::new());
+        }
+        let counter = self.counter.as_ref().map_err(|e| e.label())?;
+        let text_tokens = tokens.as_ref().ok().map(|t| (t.ids.len() - t.placeholders.len()).min(u32::MAX as usize));
+        let ctx = RequestContext { max_model_len: self.max_model_len, text_tokens: text_tokens.map(|n| n as u32) };
+        let request_kwargs = req.field("mm_processor_kwargs").and_then(|v| v.as_object());
+        let sizes: Vec<(u32, u32)> = infos.iter().map(|i| (i.width, i.height)).collect();
+        let counts = counter.count_request(&sizes, &ctx, request_kwargs).map_err(|e| e.label())?;
+        if counts.len() != infos.len() {
+            return Err("placeholder_mismatch");
+        }
+        let trust = self.trust_client_uuids;
+        infos
+            .into_iter()
+            .zip(counts)
+            .zip(&req.images)
+            .map(|((info, tokens), part)| Accounted::new(info, tokens, part, trust))
+            .collect()
+    }
+}
+
+/// How an accounted image enters the prompt.
+pub(super) enum Expansion {
+    /// A token run replacing the placeholder token.
+    Tokens(Vec<RunPart>),
+    /// Text replacing the placeholder before tokenization.
+    Text(TextExpansion),
+}
+
+/// One image that passed accounting: its identity, its expansion, and its plan entry.
+pub(super) struct Accounted {
+    pub hash: u128,
+    pub expansion: Expansion,
+    pub planned: PlannedImage,
+}
+
+impl Accounted {
+    /// The image's identity is its content digest, written as its `uuid` — or, when trusted, the
+    /// client's own uuid, left as sent.
+    fn new(info: ImageInfo, tokens: ImageTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
+        let (expansion, len) = match (tokens.run(), tokens.text_expansion()) {
+            (Some(run), _) => {
+                let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+                (Expansion::Tokens(run), len)
+            }
+            // The image's own tokens; the merged newlines around them belong to the text.
+            (None, Some(text)) => (Expansion::Text(text.clone()), text.embed_count),
+            (None, None) => return Err("expansion_unknown"),
+        };
+        let (hash, key, splice) = match (&part.uuid, trust) {
+            (Some(client), true) => (client.clone(), image_key(client), None),
+            _ => {
+                let splice = UuidSplice { image_url: part.image_url_span.clone(), existing: part.uuid_span.clone() };
+                (info.digest.hex(), info.digest.key(), Some(splice))
+            }
+        };
+        let planned = PlannedImage {
+            hash,
+            splice,
+            width: info.width,
+            height: info.height,
+            feature_tokens: tokens.feature_tokens,
+            tokens: len,
+        };
+        Ok(Accounted { hash: key, expansion, planned })
+    }
+}

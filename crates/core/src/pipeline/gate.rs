@@ -1,0 +1,105 @@
+//! **The gate** (after Dynamo PR #16947): a request with images is planned `Exact` only if *every* image
+//! was read, accounted and expanded; any failure makes it a `TextPrefix { reason }` plan whose blocks are
+//! only those before the first image, carrying nothing of the images that did succeed. Also where a
+//! plan's block keys are cut from its ids ([`Gate::set_blocks`]), for every route.
+
+use crate::accounting::{RunPart, TextExpansion};
+use crate::keys::ImageSpan;
+use crate::pipeline::account::{Accounted, Expansion};
+use crate::pipeline::error::Fallback;
+use crate::pipeline::output::{PromptTrace, Route, RoutePlan};
+use crate::plan::{self, ChatTokens, PlanError};
+use crate::prompt::PromptModel;
+
+/// A plan being built, with its trace if one was asked for.
+pub(super) struct Draft {
+    pub plan: RoutePlan,
+    pub trace: Option<PromptTrace>,
+}
+
+/// What the gate needs from the pipeline, borrowed for one request.
+pub(super) struct Gate<'p> {
+    pub model: &'p PromptModel,
+    /// The image placeholder token's text; `None` when the model has no accounting profile.
+    pub placeholder: Option<&'p str>,
+    pub block_size: u32,
+}
+
+impl Gate<'_> {
+    /// An exact plan only if every image was accounted and expanded; otherwise a text-prefix plan with
+    /// the reason, carrying nothing of the images.
+    pub(super) fn gate(
+        &self,
+        out: &mut Draft,
+        tokens: Result<ChatTokens, PlanError>,
+        accounted: Result<Vec<Accounted>, Fallback>,
+        has_media: bool,
+        seed: u64,
+    ) {
+        match (tokens, accounted) {
+            // An image that cannot be accounted is the reason, whatever else also failed.
+            (tokens, Err(reason)) => {
+                out.plan.route = Route::TextPrefix { reason };
+                // Without a known placeholder the image position is unknown: route by load only.
+                if let (Ok(tokens), Some(_)) = (&tokens, self.placeholder) {
+                    self.set_blocks(out, plan::text_prefix(tokens), &[], seed, false);
+                }
+            }
+            (Err(e), Ok(_)) if has_media => out.plan.route = Route::TextPrefix { reason: e.label() },
+            (Err(e), Ok(_)) => tracing::debug!("chat template failed ({e}); routing by load only"),
+            // Without images nothing is expanded: a placeholder the user typed stays the one token it is.
+            (Ok(tokens), Ok(acc)) if acc.is_empty() && !has_media => {
+                self.set_blocks(out, &tokens.ids, &[], seed, true);
+            }
+            (Ok(tokens), Ok(acc)) => match self.expand(&tokens, &acc) {
+                Ok(expanded) => {
+                    out.plan.route = Route::Exact;
+                    self.set_blocks(out, &expanded.ids, &expanded.spans, seed, true);
+                    out.plan.spans = expanded.spans;
+                    out.plan.images = acc.into_iter().map(|a| a.planned).collect();
+                }
+                Err(e) => {
+                    out.plan.route = Route::TextPrefix { reason: e.label() };
+                    self.set_blocks(out, plan::text_prefix(&tokens), &[], seed, false);
+                }
+            },
+        }
+    }
+
+    /// Each image's placeholder replaced by its run: in token space, or in text space for families
+    /// whose expansion merges with its neighbours.
+    fn expand(&self, tokens: &ChatTokens, acc: &[Accounted]) -> Result<plan::Expanded, PlanError> {
+        let texts: Option<Vec<(u128, &TextExpansion)>> = acc
+            .iter()
+            .map(|a| match &a.expansion {
+                Expansion::Text(t) => Some((a.hash, t)),
+                Expansion::Tokens(_) => None,
+            })
+            .collect();
+        if let (Some(texts), Some(p)) = (texts, self.placeholder) {
+            return plan::expand_text(self.model, tokens, p, &texts);
+        }
+        let runs: Option<Vec<(u128, &[RunPart])>> = acc
+            .iter()
+            .map(|a| match &a.expansion {
+                Expansion::Tokens(run) => Some((a.hash, run.as_slice())),
+                Expansion::Text(_) => None,
+            })
+            .collect();
+        let runs = runs.ok_or(PlanError::InvalidRequest("mixed image expansions".into()))?;
+        plan::expand(self.model, tokens, &runs)
+    }
+
+    /// The plan routes on `ids` (with `spans`): its block keys, its token count, and whether that is
+    /// the whole prompt; the trace keeps them too.
+    pub(super) fn set_blocks(&self, out: &mut Draft, ids: &[u32], spans: &[ImageSpan], seed: u64, whole: bool) {
+        let plan = &mut out.plan;
+        plan.prompt_tokens = ids.len().min(u32::MAX as usize) as u32;
+        plan.prompt_exact = whole;
+        plan.blocks = plan::block_keys(ids, spans, self.block_size as usize, seed);
+        if let Some(trace) = &mut out.trace {
+            trace.ids = ids.to_vec();
+            trace.spans = spans.to_vec();
+        }
+    }
+}

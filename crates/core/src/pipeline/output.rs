@@ -1,0 +1,159 @@
+//! What planning hands back: how the request is routed ([`Route`]), the plan routing matches on
+//! ([`RoutePlan`], with each accounted image as a [`PlannedImage`] and where its `uuid` goes), the stage
+//! timings, and the prompt trace for operators. Plain values: the server's observe stage turns them into
+//! metrics, so nothing here records anything.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::keys::ImageSpan;
+use crate::media::ProbeTiming;
+
+/// How a request is routed (the `x-mmrouter-route` header and the `route` metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Every image accounted exactly: blocks cover the whole prompt, images included.
+    Exact,
+    /// Some image (or the model) could not be accounted: blocks cover only the text before the first image.
+    TextPrefix { reason: &'static str },
+    /// No media in the request: blocks cover the whole prompt.
+    NoMedia,
+    /// A non-inference `/v1/*` call forwarded as is.
+    Passthrough,
+}
+
+impl Route {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::Exact => "exact",
+            Route::TextPrefix { .. } => "text_prefix",
+            Route::NoMedia => "no_media",
+            Route::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// One accounted image of an exact plan.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlannedImage {
+    /// The image's identifier: the hex BLAKE3 digest of its bytes (the `uuid` written for vLLM), or the
+    /// client's own uuid under `trust_client_uuids`.
+    pub hash: String,
+    /// Where to write `"uuid": hash` into the forwarded body (nothing when the client's uuid is trusted).
+    #[serde(skip)]
+    pub splice: Option<UuidSplice>,
+    pub width: u32,
+    pub height: u32,
+    pub feature_tokens: u32,
+    /// Tokens that replace the image's placeholder in the prompt.
+    pub tokens: u32,
+}
+
+/// Where an image part's `uuid` goes in the received body: replacing the client's value, or as a new
+/// field right after the part's `image_url` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UuidSplice {
+    pub image_url: Range<usize>,
+    pub existing: Option<Range<usize>>,
+}
+
+/// What the pipeline decided about one request's prompt: the route and what routing matches on.
+/// Selection results are not part of it: the caller holds the selection's decision.
+#[derive(Debug)]
+pub struct RoutePlan {
+    pub route: Route,
+    /// Chained KV block keys routing matches against the index.
+    pub blocks: Vec<u64>,
+    pub block_size: u32,
+    /// Prompt tokens routing is based on: the whole prompt (exact, no_media) or the text prefix.
+    pub prompt_tokens: u32,
+    /// True when `prompt_tokens` is the whole prompt the model sees (drift is then measurable).
+    pub prompt_exact: bool,
+    /// Exact plans only.
+    pub images: Vec<PlannedImage>,
+    pub spans: Vec<ImageSpan>,
+    pub decode_tokens: u32,
+    /// The request carries `mm_processor_kwargs` or `media_io_kwargs`: vLLM then hashes each image's
+    /// uuid together with them, so its KV events name these images differently from the router.
+    pub images_rehashed: bool,
+}
+
+impl RoutePlan {
+    pub(super) fn empty(route: Route, block_size: u32, decode_tokens: u32) -> RoutePlan {
+        RoutePlan {
+            route,
+            blocks: Vec::new(),
+            block_size,
+            prompt_tokens: 0,
+            prompt_exact: false,
+            images: Vec::new(),
+            spans: Vec::new(),
+            decode_tokens,
+            images_rehashed: false,
+        }
+    }
+
+    /// A non-inference `/v1/*` call: forwarded as is, routed by load.
+    pub fn passthrough(block_size: u32) -> RoutePlan {
+        RoutePlan::empty(Route::Passthrough, block_size, 0)
+    }
+
+    /// Index of the first block holding image tokens; `blocks.len()` when none does.
+    pub fn first_image_block(&self) -> usize {
+        let first = self.spans.first().map(|s| (s.offset / self.block_size.max(1)) as usize);
+        first.unwrap_or(self.blocks.len()).min(self.blocks.len())
+    }
+
+    /// Image tokens this request puts on its worker; zero unless the plan is exact.
+    pub fn exact_image_tokens(&self) -> u32 {
+        match self.route {
+            Route::Exact => self.images.iter().map(|i| i.tokens).sum(),
+            _ => 0,
+        }
+    }
+
+    pub fn predicted_prompt_tokens(&self) -> Option<u32> {
+        self.prompt_exact.then_some(self.prompt_tokens)
+    }
+
+    /// The fallback reason of a text-prefix plan.
+    pub fn fallback_reason(&self) -> Option<&'static str> {
+        match self.route {
+            Route::TextPrefix { reason } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// Time spent in each stage of [`Pipeline::plan`] (the `mmrouter_stage_duration_seconds` samples).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimings {
+    /// `None` for completions (no images to read or account).
+    pub intake: Option<Duration>,
+    pub account: Option<Duration>,
+    pub plan: Duration,
+}
+
+/// The outcome of planning: the plan, and what happened on the way (for the observe stage).
+#[derive(Debug)]
+pub struct Planned {
+    pub plan: RoutePlan,
+    pub timings: StageTimings,
+    /// One sample per image read (data URL or fetch).
+    pub probes: Vec<ProbeTiming>,
+    /// The prompt as routing saw it, when asked for ([`Pipeline::plan_with`]).
+    pub trace: Option<PromptTrace>,
+}
+
+/// What the model sees, as the router computed it: for operators to compare with the worker's own
+/// rendering (`/debug/route?tokens=true`, `mmrouter render`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PromptTrace {
+    /// The rendered chat (before image expansion); `None` for completions.
+    pub text: Option<String>,
+    /// The token ids the plan's blocks are cut from: the whole prompt, or the text prefix of a
+    /// fallback.
+    pub ids: Vec<u32>,
+    /// Where each image's tokens sit in `ids` (exact plans only).
+    pub spans: Vec<ImageSpan>,
+}

@@ -1,0 +1,48 @@
+//! Why the simulator refused or broke off a request (or refused its options), each reason with the
+//! stable snake_case label that is also the `code` of its OpenAI error body.
+
+/// Why the simulator refused or broke off a request (or refused its options).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("invalid request field `{field}`: {reason}")]
+    InvalidField { field: &'static str, reason: String },
+    #[error("could not build the prompt: {0}")]
+    Prompt(String),
+    #[error("request body exceeds the limit of {limit} bytes (--max-body-bytes)")]
+    BodyTooLarge { limit: usize },
+    #[error("request body could not be read: {0}")]
+    BodyRead(String),
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("simulated worker failure (--error-rate)")]
+    InjectedError,
+    #[error("simulated rate limit (--error-rate with --error-status 429)")]
+    RateLimited,
+    #[error("simulated connection drop mid-stream (--drop-mid-stream-rate)")]
+    StreamDropped,
+    #[error("the simulated worker is shutting down")]
+    ShuttingDown,
+    #[error("invalid option --{flag}: {reason}")]
+    InvalidOption { flag: &'static str, reason: String },
+}
+
+impl SimError {
+    /// Stable snake_case label (also the `code` of the OpenAI error body).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidJson(_) => "invalid_json",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::Prompt(_) => "prompt_failed",
+            Self::BodyTooLarge { .. } => "too_large",
+            Self::BodyRead(_) => "body_read_failed",
+            Self::NotFound { .. } => "not_found",
+            Self::InjectedError => "injected_error",
+            Self::RateLimited => "rate_limited",
+            Self::StreamDropped => "stream_dropped",
+            Self::ShuttingDown => "shutting_down",
+            Self::InvalidOption { .. } => "invalid_option",
+        }
+    }
+}

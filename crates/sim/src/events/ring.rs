@@ -1,0 +1,96 @@
+//! What the request side of the publisher and the socket tasks share: the replay ring with the blocks
+//! announced so far ([`Log`], behind one mutex), a batch on its way to the PUB ([`Outgoing`]), and the
+//! send counters.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+/// The replay ring and what the subscribers were told, shared with the replay task.
+#[derive(Debug, Default)]
+pub(crate) struct Log {
+    next_seq: u64,
+    capacity: usize,
+    /// `(seq, payload)`, oldest first.
+    ring: VecDeque<(u64, Bytes)>,
+    /// Engine hash of every announced block still cached, by router key: removals name these.
+    announced: HashMap<u64, u64>,
+}
+
+impl Log {
+    pub fn new(capacity: usize) -> Log {
+        Log { capacity, ..Log::default() }
+    }
+
+    /// Remembers that the block `key` was announced under engine hash `hash`.
+    pub fn announce(&mut self, key: u64, hash: u64) {
+        self.announced.insert(key, hash);
+    }
+
+    /// The engine hash `key` was announced under, forgotten (its removal is being announced).
+    pub fn forget(&mut self, key: &u64) -> Option<u64> {
+        self.announced.remove(key)
+    }
+
+    /// A restarted engine: seq back to 0, an empty ring, nothing announced.
+    pub fn restart(&mut self) {
+        self.next_seq = 0;
+        self.ring.clear();
+        self.announced.clear();
+    }
+
+    pub fn push(&mut self, payload: Bytes) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.ring.push_back((seq, payload));
+        while self.ring.len() > self.capacity {
+            self.ring.pop_front();
+        }
+        seq
+    }
+
+    /// Buffered batches with seq ≥ `start`, oldest first.
+    pub fn since(&self, start: u64) -> Vec<(u64, Bytes)> {
+        self.ring.iter().filter(|(seq, _)| *seq >= start).cloned().collect()
+    }
+}
+
+/// A batch handed to the publisher task.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub seq: u64,
+    pub payload: Bytes,
+    pub created: tokio::time::Instant,
+}
+
+/// Counters shared with the publisher task.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub batches: AtomicU64,
+    pub dropped: AtomicU64,
+    pub overflowed: AtomicU64,
+}
+
+pub(crate) fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
+    // The log is consistent between statements, so a panic elsewhere does not poison it.
+    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_keeps_the_last_batches() {
+        let mut log = Log { capacity: 2, ..Log::default() };
+        for i in 0..4u8 {
+            assert_eq!(log.push(Bytes::from(vec![i])), u64::from(i));
+        }
+        let seqs: Vec<u64> = log.since(0).iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![2, 3]);
+        assert_eq!(log.since(3).len(), 1);
+        assert!(log.since(4).is_empty());
+    }
+}

@@ -1,0 +1,28 @@
+//! The counters one simulated worker keeps since it started, as a plain snapshot for tests and tools.
+
+/// Counters of one simulated worker since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Completion requests received (any outcome).
+    pub requests: u64,
+    /// Prompt tokens of requests admitted to the cache (vLLM's prefix-cache queries).
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
+    /// Output tokens produced.
+    pub generation_tokens: u64,
+    /// Completion requests accepted and not yet finished (waiting or running).
+    pub in_flight: u64,
+    /// Requests whose client went away before the answer ended.
+    pub cancelled: u64,
+    /// Requests answered 500 by `--error-rate`.
+    pub errors_injected: u64,
+    /// Streams cut by `--drop-mid-stream-rate`.
+    pub streams_dropped: u64,
+    /// KV-event batches given a seq (published, dropped on purpose or not).
+    pub kv_batches: u64,
+    /// Of those, batches not published by `--kv-events-drop-rate`.
+    pub kv_batches_dropped: u64,
+    /// Of those, batches not published because the publisher fell behind (its queue was full).
+    pub kv_batches_overflowed: u64,
+}
