@@ -5,7 +5,7 @@ use serde::Deserialize;
 /// `[kv_events]`: what the router accepts from the workers' KV-event publishers and their discovery
 /// documents. A worker (or anyone on its network path) is untrusted input: every bound is enforced before
 /// allocating, and a publisher that breaks one is disconnected and counted.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvEventsSection {
     /// Largest event message (all its frames together); a larger one disconnects the publisher.

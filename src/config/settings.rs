@@ -21,14 +21,14 @@ pub enum EventSource {
 }
 
 /// One worker, validated: what routing knows of it, and its event source if it publishes events.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WorkerSettings {
     pub spec: WorkerSpec,
     pub events: Option<EventSource>,
 }
 
 /// The validated, typed configuration the server runs from.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub server: ServerSettings,
     /// At least one; names, served models and worker names unique across pools.
@@ -39,7 +39,7 @@ pub struct Settings {
 }
 
 /// One pool, validated: a model (with the media settings), its served names, its workers, its routing.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PoolSettings {
     pub name: String,
     /// Request `model` values routed here (LoRA adapters included); empty: every model (the one pool
@@ -58,7 +58,7 @@ impl PoolSettings {
 }
 
 /// `[server]`, typed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
@@ -75,7 +75,7 @@ pub struct ServerSettings {
 }
 
 /// `[server]`'s client-side keys, typed (see [`ServerSection`] for each one's meaning).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ConnSettings {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
@@ -92,7 +92,7 @@ pub struct ConnSettings {
 }
 
 /// `[auth]`, typed. Empty key lists: that check is off.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AuthSettings {
     pub api_keys: Vec<String>,
     pub admin_keys: Vec<String>,

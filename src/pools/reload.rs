@@ -137,11 +137,10 @@ fn plan_workers<'a>(
     new: &PoolSettings,
     applied: &mut Applied,
 ) -> WorkerPlan<'a> {
-    let same = |a: &WorkerSettings, b: &WorkerSettings| format!("{a:?}") == format!("{b:?}");
     let mut plan = WorkerPlan { pool, name: new.name.clone(), retire: Vec::new(), add: Vec::new() };
     for w in &old.workers {
         let kept = new.workers.iter().find(|n| n.spec.name == w.spec.name);
-        if kept.is_some_and(|n| same(n, w)) {
+        if kept.is_some_and(|n| n == w) {
             continue;
         }
         if let Some(id) = pool.router.find(&w.spec.name) {
@@ -154,7 +153,7 @@ fn plan_workers<'a>(
     }
     for w in &new.workers {
         let old_w = old.workers.iter().find(|o| o.spec.name == w.spec.name);
-        if old_w.is_some_and(|o| same(o, w)) {
+        if old_w.is_some_and(|o| o == w) {
             continue;
         }
         plan.add.push(w.clone());
@@ -197,19 +196,17 @@ fn check_names(
 
 /// Same model, served names and routing: the pool (and its index) is kept, only its workers change.
 fn same_pool(a: &PoolSettings, b: &PoolSettings) -> bool {
-    // Every field is plain data, so equal Debug text is equal settings.
-    format!("{:?}", (&a.models, &a.pipeline, &a.routing)) == format!("{:?}", (&b.models, &b.pipeline, &b.routing))
+    (&a.models, &a.pipeline, &a.routing) == (&b.models, &b.pipeline, &b.routing)
 }
 
 /// The differences a reload cannot apply, if any: the listener, the client side, keys and retries are
 /// built once at start.
 fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
-    let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
     for (what, changed) in [
-        ("[server]", !same(&old.server, &new.server)),
-        ("[auth]", !same(&old.auth, &new.auth)),
-        ("[retries]", !same(&old.retries, &new.retries)),
-        ("[kv_events]", !same(&old.kv_events, &new.kv_events)),
+        ("[server]", old.server != new.server),
+        ("[auth]", old.auth != new.auth),
+        ("[retries]", old.retries != new.retries),
+        ("[kv_events]", old.kv_events != new.kv_events),
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));

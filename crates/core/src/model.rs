@@ -74,7 +74,7 @@ impl ModelSource {
 }
 
 /// The served model as the pipeline sees it (the `[model]` section, validated).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ModelSpec {
     pub source: ModelSource,
     /// Model identity used to seed block hashes. Workers sharing a cache must agree.

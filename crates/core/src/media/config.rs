@@ -15,7 +15,7 @@ pub enum Orientation {
 }
 
 /// `[media]` settings. Every key has a production default.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MediaConfig {
     /// Largest raw (decoded) image, bytes.

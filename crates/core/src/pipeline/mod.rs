@@ -42,7 +42,7 @@ pub use self::output::{Planned, PlannedImage, PromptTrace, Route, RoutePlan, Sta
 pub use self::splice::splice_uuids;
 
 /// What the pipeline is built from: the served model and the image intake settings.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PipelineConfig {
     pub model: ModelSpec,
     pub media: MediaConfig,

@@ -53,7 +53,7 @@ pub enum PolicyKind {
 }
 
 /// `[routing]` section of the configuration.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
     pub policy: PolicyKind,
