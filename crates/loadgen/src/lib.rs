@@ -36,11 +36,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::{oneshot, Notify};
 
+pub use error::LoadgenError;
 pub use stats::Summary;
 pub use workload::{generate_workload, WorkloadOptions, WorkloadShape, FALLBACK_MIN_PIXELS};
 
 use client::Outcome;
-use error::LoadgenError;
 
 /// A reqwest client builder with the rustls ring provider installed (reqwest is built without a
 /// bundled provider in this workspace; building a client without one would panic).

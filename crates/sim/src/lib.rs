@@ -2,7 +2,7 @@
 //!
 //! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
 //! deterministic text, keeps a paged prefix KV cache shaped like vLLM's (`cache`), reports
-//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model (`timing`), exposes
+//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model ([`timing`]), exposes
 //! vLLM-named `/metrics` (`exposition`) and injects faults on request (error rate, added delay,
 //! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
 //! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged.
@@ -22,7 +22,7 @@
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 //!
 //! Layout: `options` and `error` (what a sim is told and how it refuses), `prompt` (the [`Prompter`]
-//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, `timing`, `events`,
+//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, [`timing`], `events`,
 //! `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`. This file
 //! only re-exports: the modules import each other by the defining file, never through here.
 
@@ -37,7 +37,7 @@ mod prompt;
 mod prompter;
 mod server;
 mod stats;
-mod timing;
+pub mod timing;
 
 pub use error::SimError;
 pub use exact::{engine_image_id, run_exact, spawn_exact};
