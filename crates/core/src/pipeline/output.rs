@@ -125,7 +125,8 @@ impl RoutePlan {
     }
 }
 
-/// Time spent in each stage of [`Pipeline::plan`] (the `mmrouter_stage_duration_seconds` samples).
+/// Time spent in each stage of [`Pipeline::plan`](super::Pipeline::plan) (the
+/// `mmrouter_stage_duration_seconds` samples).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StageTimings {
     /// `None` for completions (no images to read or account).
@@ -141,7 +142,7 @@ pub struct Planned {
     pub timings: StageTimings,
     /// One sample per image read (data URL or fetch).
     pub probes: Vec<ProbeTiming>,
-    /// The prompt as routing saw it, when asked for ([`Pipeline::plan_with`]).
+    /// The prompt as routing saw it, when asked for ([`Pipeline::plan_with`](super::Pipeline::plan_with)).
     pub trace: Option<PromptTrace>,
 }
 
