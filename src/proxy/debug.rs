@@ -69,7 +69,7 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "policy": d.map(|d| d.policy),
         "worker": d.map(|d| name(d.worker())),
         "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),
-        "workers": router.workers().iter().map(|w| w.name()).collect::<Vec<_>>(),
+        "workers": router.live_workers().iter().map(|(_, w)| w.name()).collect::<Vec<_>>(),
     })
 }
 

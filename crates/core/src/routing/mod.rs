@@ -311,7 +311,8 @@ impl Router {
     }
 
     /// Every slot's worker, removed ones included until their slot is reused (see
-    /// [`Worker::is_removed`]).
+    /// [`Worker::is_removed`]). While the result is held, no removed slot is reusable (a slot is free only
+    /// when the router holds its worker's last `Arc`): listings want [`Router::live_workers`].
     pub fn workers(&self) -> Vec<Arc<Worker>> {
         self.workers.read().clone()
     }
