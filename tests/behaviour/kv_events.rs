@@ -351,3 +351,32 @@ async fn a_worker_added_at_run_time_gets_its_feed_and_a_removed_one_loses_it() {
     assert!(!page.contains(&format!("worker=\"{}\"", extra.name())), "its series are gone");
     crate::metrics_format::promtool_accepts(&page);
 }
+
+/// `kv_events = "discover"` against the simulator, which answers `/kv_event_sources` as vLLM 0.32–0.34
+/// do (a map keyed by data-parallel rank): the router finds the publisher and follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_reads_vllms_rank_keyed_document() {
+    let sim = sims(1, |o| {
+        fast(o);
+        o.kv_events = Some("tcp://127.0.0.1:0".into());
+    })
+    .await
+    .remove(0);
+    let doc: serde_json::Value =
+        client().get(format!("{}/kv_event_sources", sim.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(doc["0"]["endpoint"], sim.kv_events_endpoint().unwrap(), "{doc}");
+    assert_eq!(doc["0"]["publisher"], "zmq", "{doc}");
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nkv_events = \"discover\"\n",
+        sim.name(),
+        sim.url()
+    );
+    let c = proxy(vec![sim], &toml).await;
+    let a = chat_body(&[], &unique("discovered"), false);
+    chat(&c.url, &a).await;
+    let blocks = debug(&c.url, &a).await["blocks"].as_u64().unwrap();
+    until(&c.url, &a, "learnt A from discovered events", |v| v["overlap_sources"][0]["events"].as_u64() == Some(blocks))
+        .await;
+    let page = metrics_text(&c.url).await;
+    assert!(!page.contains("discovery_bad_shape"), "{page}");
+}

@@ -94,6 +94,12 @@ pub fn connectable(endpoint: &str, worker_host: &str) -> Result<String, Endpoint
     match Endpoint::parse(endpoint)? {
         Endpoint::Tcp { port: 0, .. } => Err(EndpointError::EphemeralPort(endpoint.to_owned())),
         Endpoint::Tcp { host, port } if is_wildcard_host(&host) => Ok(tcp_endpoint(worker_host, port)),
+        // vLLM binds only endpoints containing `::` (or `*`), so operators spell an IPv4 bind address
+        // as `[::ffff:a.b.c.d]`: that is the IPv4 host, and must compare equal to the worker's.
+        Endpoint::Tcp { host, port } => match host.parse::<std::net::Ipv6Addr>().ok().and_then(|a| a.to_ipv4_mapped()) {
+            Some(v4) => Ok(tcp_endpoint(&v4.to_string(), port)),
+            None => Ok(Endpoint::Tcp { host, port }.to_string()),
+        },
         ep => Ok(ep.to_string()),
     }
 }
@@ -138,6 +144,8 @@ mod tests {
         assert_eq!(connectable("tcp://0.0.0.0:5557", "10.1.2.3").unwrap(), "tcp://10.1.2.3:5557");
         assert_eq!(connectable("tcp://[::]:5557", "fd00::1").unwrap(), "tcp://[fd00::1]:5557");
         assert_eq!(connectable("tcp://collector:5557", "w1").unwrap(), "tcp://collector:5557");
+        assert_eq!(connectable("tcp://[::ffff:127.0.0.1]:5557", "w1").unwrap(), "tcp://127.0.0.1:5557");
+        assert_eq!(connectable("tcp://[fd00::7]:5557", "w1").unwrap(), "tcp://[fd00::7]:5557");
         assert_eq!(connectable("ipc:///tmp/x", "w1").unwrap(), "ipc:///tmp/x");
         assert_eq!(connectable("tcp://*:0", "w1"), Err(EndpointError::EphemeralPort("tcp://*:0".into())));
     }

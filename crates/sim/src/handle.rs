@@ -122,7 +122,10 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
         }
         None => (None, None),
     };
-    let state = Arc::new(server::AppState::new(opts, prompter, publisher));
+    let bound = sockets
+        .as_ref()
+        .map(|s| server::Bound { endpoint: &s.endpoint, replay_endpoint: s.replay_endpoint.as_deref() });
+    let state = Arc::new(server::AppState::new(opts, prompter, publisher, bound.as_ref()));
     let app = server::router(state.clone());
     let stopping = state.stopping();
     let task = tokio::spawn(async move {

@@ -63,6 +63,8 @@ pub(crate) struct AppState {
     cache: Mutex<PrefixCache>,
     /// KV-event publisher (`--kv-events`); fed under the cache lock so seq order is cache order.
     events: Option<Publisher>,
+    /// `GET /kv_event_sources`, shaped as vLLM 0.32–0.34 answer it.
+    event_sources: Value,
     slots: Arc<Semaphore>,
     dice: Dice,
     /// `--error-rate` as f64 bits; changeable while running.
@@ -78,9 +80,10 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>, events: Option<Publisher>) -> Self {
+    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>, events: Option<Publisher>, bound: Option<&Bound>) -> Self {
         Self {
             prompter,
+            event_sources: event_sources(&opts, bound),
             cache: Mutex::new(PrefixCache::new(opts.block_size, opts.kv_blocks)),
             events,
             slots: Arc::new(Semaphore::new(opts.max_running.min(Semaphore::MAX_PERMITS))),
@@ -347,6 +350,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/version", get(version))
+        .route("/kv_event_sources", get(kv_event_sources))
         .route("/sim/restart", post(restart))
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
@@ -449,6 +454,37 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
         "object": "list",
         "data": [{"id": model, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": model}],
     }))
+}
+
+/// What vLLM answers for `GET /version`; the sim names itself so a doctor can tell.
+async fn version() -> Json<Value> {
+    Json(json!({ "version": concat!("mmrouter-sim-", env!("CARGO_PKG_VERSION")) }))
+}
+
+async fn kv_event_sources(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(state.event_sources.clone())
+}
+
+/// The bound event endpoints, resolved (port 0 replaced by the real port).
+pub(crate) struct Bound<'a> {
+    pub endpoint: &'a str,
+    pub replay_endpoint: Option<&'a str>,
+}
+
+/// vLLM 0.32–0.34's `/kv_event_sources`: a map keyed by data-parallel rank, one entry per rank with
+/// the publisher's settings (the sim is rank 0); `{}` when events are off.
+fn event_sources(opts: &SimOptions, bound: Option<&Bound>) -> Value {
+    let Some(bound) = bound else { return json!({}) };
+    json!({ "0": {
+        "enable_kv_cache_events": true,
+        "publisher": "zmq",
+        "endpoint": bound.endpoint,
+        "replay_endpoint": bound.replay_endpoint,
+        "buffer_steps": opts.kv_events_buffer,
+        "hwm": 100_000,
+        "max_queue_size": 100_000,
+        "topic": opts.kv_events_topic,
+    }})
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
