@@ -389,6 +389,20 @@ mod tests {
     }
 
     #[test]
+    fn vllm_032_document_as_served() {
+        // Captured from vLLM 0.32.0 (CPU build) started with endpoint `tcp://[::ffff:127.0.0.1]:18501`,
+        // the spelling that makes it bind loopback only: the mapped address is the worker's IPv4 host.
+        let body = include_bytes!("../fixtures/vllm-0.32-kv_event_sources.json");
+        let feeds = parse_vllm_kv_event_sources(body, "127.0.0.1", &[]).unwrap();
+        assert_eq!(feeds.len(), 1);
+        assert_eq!(feeds[0].endpoint, "tcp://127.0.0.1:18501");
+        assert_eq!(feeds[0].replay_endpoint.as_deref(), Some("tcp://127.0.0.1:18601"));
+        assert_eq!((feeds[0].dp_rank, feeds[0].topic.as_str()), (0, ""));
+        let err = parse_vllm_kv_event_sources(body, "10.0.0.9", &[]).unwrap_err();
+        assert_eq!(err.label(), "foreign_host");
+    }
+
+    #[test]
     fn rank_bounds() {
         let entries: Vec<String> = (0..=MAX_DATA_PARALLEL)
             .map(|r| format!(r#"{{"data_parallel_rank": {r}, "endpoint": "tcp://*:{}"}}"#, 5000 + r))
