@@ -58,6 +58,34 @@ enum Cmd {
         #[arg(long)]
         completion: bool,
     },
+    /// Check a live deployment: per worker, its engine, served names, block size, KV events (bound,
+    /// flowing, naming images by the router's uuid), and for built-in probe chats its token ids,
+    /// prompt-token counts and cached tokens against the router's. Exit 1 when a check fails.
+    Doctor {
+        /// Config file whose pools and workers are checked.
+        #[arg(long, conflicts_with = "model_dir")]
+        config: Option<PathBuf>,
+        /// Instead of a config: one pool of this bundled profile or HF model directory...
+        #[arg(long, requires = "workers")]
+        model_dir: Option<String>,
+        /// ...over these worker base URLs (repeatable).
+        #[arg(long = "worker", value_name = "URL", requires = "model_dir")]
+        workers: Vec<String>,
+        /// The pool's KV block size (with --model-dir).
+        #[arg(long, default_value_t = 16)]
+        block_size: u32,
+        /// What the workers run (with --model-dir): vllm | sglang.
+        #[arg(long, default_value = "vllm", value_parser = parse_engine)]
+        engine: mmrouter_core::routing::Engine,
+        /// The workers' KV events (with --model-dir): `discover`, or an endpoint (one worker).
+        #[arg(long)]
+        kv_events: Option<String>,
+        /// Seconds each request to a worker may take.
+        #[arg(long, default_value_t = 60)]
+        timeout_secs: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print image-token counts for sizes and image files.
     Count {
         /// Bundled profile name or HF model directory.
@@ -96,6 +124,23 @@ fn main() -> ExitCode {
                 files: &files,
                 json,
             })
+        }
+        Cmd::Doctor { config, model_dir, workers, block_size, engine, kv_events, timeout_secs, json } => {
+            let args = mmrouter::cli::doctor::DoctorArgs {
+                config,
+                model_dir,
+                workers,
+                block_size,
+                engine,
+                kv_events,
+                timeout: std::time::Duration::from_secs(timeout_secs),
+                json,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(mmrouter::cli::doctor::run(&args)).map(i32::from))
         }
         Cmd::Workload(opts) => mmrouter_loadgen::generate_workload(&opts).map(|n| {
             eprintln!("wrote {n} requests");
@@ -149,7 +194,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             println!("{}", report.table());
             Ok(())
         }
-        Cmd::Count { .. } | Cmd::Workload(_) => unreachable!("handled without a runtime"),
+        Cmd::Count { .. } | Cmd::Doctor { .. } | Cmd::Workload(_) => unreachable!("handled without this runtime"),
+    }
+}
+
+fn parse_engine(s: &str) -> Result<mmrouter_core::routing::Engine, String> {
+    match s {
+        "vllm" => Ok(mmrouter_core::routing::Engine::Vllm),
+        "sglang" => Ok(mmrouter_core::routing::Engine::Sglang),
+        _ => Err(format!("'{s}': expected vllm or sglang")),
     }
 }
 

@@ -82,6 +82,19 @@ async fn discover(settings: &WorkerSettings, limits: &KvEventsSection, refused: 
     }
 }
 
+/// One discovery attempt, no retry (`mmrouter doctor`): the publishers, or why there are none.
+pub async fn discover_now(settings: &WorkerSettings, limits: &KvEventsSection) -> Result<Vec<FeedConfig>, String> {
+    let spec = &settings.spec;
+    let host = url::Url::parse(&spec.url).ok().and_then(|u| u.host_str().map(str::to_owned)).unwrap_or_default();
+    let client = mmrouter_core::http_client_builder()
+        .timeout(DISCOVERY_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let configs = discover_once(&client, spec, &host, limits).await.map_err(|e| format!("{} ({e})", e.label()))?;
+    Ok(configs.into_iter().map(|cfg| bounded(cfg, limits)).collect())
+}
+
 /// Counts of refused input by reason.
 #[derive(Debug, Default)]
 pub struct Refusals(Mutex<std::collections::BTreeMap<&'static str, u64>>);

@@ -14,6 +14,7 @@ mod pool;
 mod reload;
 mod workers;
 
+pub use discovery::{discover_now, resolve, Refusals};
 pub use health::spawn_checks;
 pub use list::Pools;
 pub use pool::Pool;

@@ -17,7 +17,7 @@ mod retry;
 mod usage;
 
 pub use client::{Outgoing, Upstream, UpstreamResponse};
-pub use error::UpstreamError;
+pub use error::{error_chain, UpstreamError};
 pub use headers::end_to_end;
 pub use relay::{EndReport, Outcome, Relay, RelayBody, RelayLimits};
 pub use retry::{RetryBudget, RetryReason};

@@ -375,8 +375,10 @@ async fn discovery_reads_vllms_rank_keyed_document() {
     let a = chat_body(&[], &unique("discovered"), false);
     chat(&c.url, &a).await;
     let blocks = debug(&c.url, &a).await["blocks"].as_u64().unwrap();
-    until(&c.url, &a, "learnt A from discovered events", |v| v["overlap_sources"][0]["events"].as_u64() == Some(blocks))
-        .await;
+    until(&c.url, &a, "learnt A from discovered events", |v| {
+        v["overlap_sources"][0]["events"].as_u64() == Some(blocks)
+    })
+    .await;
     let page = metrics_text(&c.url).await;
     assert!(!page.contains("discovery_bad_shape"), "{page}");
 }

@@ -8,6 +8,7 @@ mod architecture;
 mod cli;
 mod conn;
 mod count_cli;
+mod doctor;
 mod faults;
 mod gate;
 mod harness;
