@@ -9,7 +9,7 @@ use mmrouter_kv_events::{spawn_feed, ExtraKey, FeedConfig, FeedEvent, FeedHandle
 use serde_json::Value;
 
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    mmrouter_core::http_client_builder().timeout(Duration::from_secs(120)).build().unwrap()
 }
 
 pub async fn post(url: &str, body: &[u8]) -> reqwest::Response {
@@ -51,8 +51,9 @@ impl Chat {
 /// The engine's own rendering: `(token ids, image placeholder ranges)`.
 pub async fn render(engine: &str, body: &[u8]) -> (Vec<u64>, Vec<(u64, u64)>) {
     let resp = post(&format!("{engine}/v1/chat/completions/render"), body).await;
-    assert!(resp.status().is_success(), "render: {}", resp.status());
+    let status = resp.status();
     let v: Value = resp.json().await.unwrap();
+    assert!(status.is_success(), "render: {status} {v}");
     let ids = v["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
     let spans = v["features"]["mm_placeholders"]["image"]
         .as_array()
@@ -68,7 +69,12 @@ pub fn ids(plan: &Value) -> Vec<u64> {
 }
 
 pub fn spans(plan: &Value) -> Vec<(u64, u64)> {
-    plan["image_spans"].as_array().unwrap().iter().map(|s| (s["offset"].as_u64().unwrap(), s["length"].as_u64().unwrap())).collect()
+    plan["image_spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["offset"].as_u64().unwrap(), s["length"].as_u64().unwrap()))
+        .collect()
 }
 
 /// Worker `name`'s index among the plan's workers.

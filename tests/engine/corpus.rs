@@ -37,18 +37,26 @@ pub fn body(model: &str, messages: Value, extra: &[(&str, Value)]) -> Vec<u8> {
 /// `(name, body)` of every chat of the corpus, for `model`.
 pub fn chats(model: &str) -> Vec<(&'static str, Vec<u8>)> {
     let n = nonce();
-    let long: String = (0..300).map(|i| format!("item {i} of case {n};")).collect::<Vec<_>>().join(" ");
+    let long: String = (0..120).map(|i| format!("item {i} of case {n};")).collect::<Vec<_>>().join(" ");
     let tools = json!([{ "type": "function", "function": { "name": "get_weather", "description": "Weather of a city",
         "parameters": { "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"] } } }]);
     vec![
         ("text", body(model, json!([{ "role": "user", "content": format!("Case {n}: say hello in French.") }]), &[])),
         (
             "system_and_long_text",
-            body(model, json!([{ "role": "system", "content": "You are terse." }, { "role": "user", "content": long }]), &[]),
+            body(
+                model,
+                json!([{ "role": "system", "content": "You are terse." }, { "role": "user", "content": long }]),
+                &[],
+            ),
         ),
         (
             "one_image",
-            body(model, json!([{ "role": "user", "content": [text(&format!("Case {n}: what is this?")), part(&image("horse.png"))] }]), &[]),
+            body(
+                model,
+                json!([{ "role": "user", "content": [text(&format!("Case {n}: what is this?")), part(&image("horse.png"))] }]),
+                &[],
+            ),
         ),
         (
             "two_images",

@@ -32,6 +32,7 @@ pub struct Engine {
     pub events_port: u16,
     pub replay_port: u16,
     child: Option<Child>,
+    started: Instant,
 }
 
 /// Startup takes 70–110 s alone on two cores, longer with two engines starting at once.
@@ -54,7 +55,14 @@ fn log_path(name: &str) -> PathBuf {
 impl Engine {
     /// Starts the engine (without waiting for it: see [`Engine::ready`]).
     pub fn spawn(opts: EngineOpts) -> Engine {
-        let mut engine = Engine { opts, port: free_port(), events_port: free_port(), replay_port: free_port(), child: None };
+        let mut engine = Engine {
+            opts,
+            port: free_port(),
+            events_port: free_port(),
+            replay_port: free_port(),
+            child: None,
+            started: Instant::now(),
+        };
         engine.start();
         engine
     }
@@ -88,9 +96,21 @@ impl Engine {
         let log = std::fs::File::create(log_path(self.opts.name)).unwrap();
         let mut cmd = Command::new(env_path("MMROUTER_VLLM_PYTHON"));
         cmd.arg(cli).arg("serve").arg(&checkpoint);
-        cmd.args(["--served-model-name", self.opts.checkpoint, "--host", "127.0.0.1", "--port", &self.port.to_string()]);
+        cmd.args([
+            "--served-model-name",
+            self.opts.checkpoint,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &self.port.to_string(),
+        ]);
         cmd.args(["--max-model-len", "4096", "--block-size", &self.opts.block_size.to_string(), "--dtype", "float32"]);
-        cmd.args(["--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-scale-out", "--enforce-eager"]);
+        cmd.args([
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--enable-scale-out",
+            "--enforce-eager",
+        ]);
         cmd.args(["--max-num-seqs", "8", "--limit-mm-per-prompt", r#"{"image":8,"video":0}"#]);
         cmd.args(["--kv-events-config", &self.kv_events_config()]);
         cmd.args(&self.opts.extra);
@@ -99,19 +119,23 @@ impl Engine {
         }
         cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0);
         self.child = Some(cmd.spawn().expect("vllm starts"));
+        self.started = Instant::now();
     }
 
     /// Waits until `/health` answers 200.
     pub async fn ready(&mut self) {
-        let started = Instant::now();
-        let client = reqwest::Client::new();
-        while started.elapsed() < READY_WITHIN {
+        let client = mmrouter_core::http_client_builder().build().unwrap();
+        while self.started.elapsed() < READY_WITHIN {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 panic!("engine {} exited ({status}) while starting:\n{}", self.opts.name, self.log_tail());
             }
             let health = client.get(format!("{}/health", self.url())).timeout(Duration::from_secs(2)).send().await;
             if health.is_ok_and(|r| r.status().is_success()) {
-                eprintln!("engine {} ready in {:.0} s", self.opts.name, started.elapsed().as_secs_f64());
+                eprintln!(
+                    "engine {} ready {:.0} s after its start",
+                    self.opts.name,
+                    self.started.elapsed().as_secs_f64()
+                );
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -46,9 +46,12 @@ async fn router(toml: &str) -> String {
 }
 
 fn pool_toml(model: &str, workers: &[(&str, String, String)], extra: &str) -> String {
-    let mut t = format!("[server]\nhealth_interval_ms = 1000\n{extra}\n[model]\ndir = {model:?}\nblock_size = {BLOCK}\n");
+    let mut t =
+        format!("[server]\nhealth_interval_ms = 1000\n{extra}\n[model]\ndir = {model:?}\nblock_size = {BLOCK}\n");
     for (name, url, events) in workers {
-        t.push_str(&format!("[[workers]]\nname = {name:?}\nurl = {url:?}\nengine = \"vllm\"\nkv_events = {events:?}\n"));
+        t.push_str(&format!(
+            "[[workers]]\nname = {name:?}\nurl = {url:?}\nengine = \"vllm\"\nkv_events = {events:?}\n"
+        ));
     }
     t
 }
@@ -66,11 +69,18 @@ async fn feeds_connected(router: &str, workers: &[&str]) {
 }
 
 fn failed(lines: &[Line]) -> Vec<String> {
-    lines.iter().filter(|l| l.status == Status::Fail).map(|l| format!("{} {}: {}", l.worker, l.check, l.detail)).collect()
+    lines
+        .iter()
+        .filter(|l| l.status == Status::Fail)
+        .map(|l| format!("{} {}: {}", l.worker, l.check, l.detail))
+        .collect()
 }
 
 fn line<'a>(lines: &'a [Line], worker: &str, check: &str) -> &'a Line {
-    lines.iter().find(|l| l.worker == worker && l.check == check).unwrap_or_else(|| panic!("no {check} for {worker}: {lines:#?}"))
+    lines
+        .iter()
+        .find(|l| l.worker == worker && l.check == check)
+        .unwrap_or_else(|| panic!("no {check} for {worker}: {lines:#?}"))
 }
 
 /// Router ids = the engine's render ids; predicted prompt tokens = `usage`; after a repeat, the router's
@@ -112,7 +122,8 @@ async fn qwen25_vl_pool_of_two_engines() {
     b_opts.extra = vec!["--num-gpu-blocks-override".into(), "160".into()];
     let mut es = engines(vec![opts("a", "qwen2.5-vl"), b_opts]).await;
     let (a_url, b_url) = (es[0].url(), es[1].url());
-    let (a_watch, b_watch) = (Watch::start(&es[0].events_endpoint()).await, Watch::start(&es[1].events_endpoint()).await);
+    let (a_watch, b_watch) =
+        (Watch::start(&es[0].events_endpoint()).await, Watch::start(&es[1].events_endpoint()).await);
     let workers = [("a", a_url.clone(), "discover".to_owned()), ("b", b_url.clone(), "discover".to_owned())];
     let toml = pool_toml("qwen2.5-vl", &workers, "");
     let r = router(&toml).await;
@@ -210,7 +221,10 @@ async fn evictions_are_followed(r: &str, b_url: &str, b_watch: &Watch) {
         }
     }
     assert!(partial > 0, "no prediction saw an eviction");
-    eprintln!("evictions: {} blocks removed; {partial} of 12 repeats predicted partly evicted, all exact", b_watch.published().removed);
+    eprintln!(
+        "evictions: {} blocks removed; {partial} of 12 repeats predicted partly evicted, all exact",
+        b_watch.published().removed
+    );
 }
 
 /// B restarts: the router drops what B held, and predicts B's new cache exactly again.
@@ -230,7 +244,8 @@ async fn a_restart_is_followed(r: &str, b: &mut Engine) {
         .map(|k| metric(&page, "mmrouter_kv_event_sequence_total", &format!("worker=\"b\",kind=\"{k}\"")))
         .sum();
     assert!(resets >= 1.0, "{page}");
-    let plan = until(r, &after, "learnt after the restart", |v| v["overlap_sources"][bi]["events"].as_u64() >= Some(1)).await;
+    let plan =
+        until(r, &after, "learnt after the restart", |v| v["overlap_sources"][bi]["events"].as_u64() >= Some(1)).await;
     let n = plan["prompt_tokens"].as_u64().unwrap();
     let expected = reusable(plan["overlap_blocks"][bi].as_u64().unwrap() * BLOCK, n, BLOCK);
     assert_eq!(chat(&b.url(), &after).await.cached_tokens(), expected, "after the restart");
@@ -241,7 +256,10 @@ async fn a_restart_is_followed(r: &str, b: &mut Engine) {
 #[ignore = "needs vLLM: tests/engine/run.sh"]
 async fn qwen3_vl_engine_and_a_misconfigured_one() {
     let template = std::env::temp_dir().join(format!("mmrouter-qwen3-template-{}.jinja", std::process::id()));
-    let qwen3: Value = serde_json::from_slice(&std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/config/models/qwen3-vl/tokenizer_config.json")).unwrap()).unwrap();
+    let qwen3: Value = serde_json::from_slice(
+        &std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/config/models/qwen3-vl/tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
     std::fs::write(&template, qwen3["chat_template"].as_str().unwrap()).unwrap();
     // D: a Qwen2.5-VL engine with another block size, events that connect out, another chat template.
     let mut d = opts("d", "qwen2.5-vl");
@@ -270,6 +288,14 @@ async fn qwen3_vl_engine_and_a_misconfigured_one() {
     for check in ["reachable", "engine", "served_model", "prefix_caching"] {
         assert_eq!(line(&lines, "d", check).status, Status::Ok, "{check} on D: {lines:#?}");
     }
-    eprintln!("doctor on the misconfigured engine:\n{}", lines.iter().filter(|l| l.status == Status::Fail).map(|l| format!("  {} FAIL {}", l.check, l.detail)).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "doctor on the misconfigured engine:\n{}",
+        lines
+            .iter()
+            .filter(|l| l.status == Status::Fail)
+            .map(|l| format!("  {} FAIL {}", l.check, l.detail))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let _ = std::fs::remove_file(template);
 }

@@ -96,10 +96,12 @@ pub fn connectable(endpoint: &str, worker_host: &str) -> Result<String, Endpoint
         Endpoint::Tcp { host, port } if is_wildcard_host(&host) => Ok(tcp_endpoint(worker_host, port)),
         // vLLM binds only endpoints containing `::` (or `*`), so operators spell an IPv4 bind address
         // as `[::ffff:a.b.c.d]`: that is the IPv4 host, and must compare equal to the worker's.
-        Endpoint::Tcp { host, port } => match host.parse::<std::net::Ipv6Addr>().ok().and_then(|a| a.to_ipv4_mapped()) {
-            Some(v4) => Ok(tcp_endpoint(&v4.to_string(), port)),
-            None => Ok(Endpoint::Tcp { host, port }.to_string()),
-        },
+        Endpoint::Tcp { host, port } => {
+            match host.parse::<std::net::Ipv6Addr>().ok().and_then(|a| a.to_ipv4_mapped()) {
+                Some(v4) => Ok(tcp_endpoint(&v4.to_string(), port)),
+                None => Ok(Endpoint::Tcp { host, port }.to_string()),
+            }
+        }
         ep => Ok(ep.to_string()),
     }
 }

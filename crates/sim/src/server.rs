@@ -80,7 +80,12 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn new(opts: SimOptions, prompter: Arc<dyn Prompter>, events: Option<Publisher>, bound: Option<&Bound>) -> Self {
+    pub fn new(
+        opts: SimOptions,
+        prompter: Arc<dyn Prompter>,
+        events: Option<Publisher>,
+        bound: Option<&Bound>,
+    ) -> Self {
         Self {
             prompter,
             event_sources: event_sources(&opts, bound),

