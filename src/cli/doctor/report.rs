@@ -104,7 +104,12 @@ mod tests {
         c.fail("block_size", "worker 64, pool 32", "start the worker with --block-size 32");
         c.skip("render_text", "no render endpoint");
         let text = table(&c.lines);
-        assert!(text.contains("block_size  FAIL"), "{text}");
+        let row = text.lines().find(|l| l.contains("block_size")).expect("a block_size row");
+        assert_eq!(
+            row.split_whitespace().take(5).collect::<Vec<_>>(),
+            ["p", "w", "block_size", "FAIL", "worker"],
+            "{text}"
+        );
         assert!(text.contains("fix: start the worker with --block-size 32"), "{text}");
         assert!(text.ends_with("3 checks, 1 failed\n"), "{text}");
         let j = json(&c.lines);
