@@ -17,6 +17,9 @@ pub const POOL_REQUESTS_TOTAL: &str = "mmrouter_pool_requests_total";
 pub const WORKER_INFO: &str = "mmrouter_worker_info";
 /// Counter `{reason}`: a request with media fell back to text-prefix routing.
 pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
+/// Counter `{reason}`: a chat without media whose prompt the router could not render exactly (its
+/// template, tokenizer or request): routed by load, on no ids.
+pub const PROMPT_UNRENDERED_TOTAL: &str = "mmrouter_prompt_unrendered_total";
 /// Histogram: image tokens of an exact-routed request.
 pub const IMAGE_TOKENS_PER_REQUEST: &str = "mmrouter_image_tokens_per_request";
 /// Histogram: images of an exact-routed request.
@@ -143,6 +146,7 @@ fn describe(r: &PrometheusRecorder) {
     counter(POOL_REQUESTS_TOTAL, "Requests routed to each pool by their model.");
     gauge(WORKER_INFO, "1 per worker: the pool it serves and its engine.");
     counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
+    counter(PROMPT_UNRENDERED_TOTAL, "Chats without media the router could not render, routed by load, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
     histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");
     gauge(WORKER_INFLIGHT_IMAGE_TOKENS, "Image tokens in flight per worker (exact route only).");

@@ -128,7 +128,13 @@ impl Observer {
             Route::TextPrefix { reason } => {
                 self.fallback.get(reason, |r| self.counter(MM_FALLBACK_TOTAL, &[("reason", r)])).increment(1);
             }
-            Route::NoMedia | Route::Passthrough => {}
+            Route::NoMedia => {
+                if let Some(reason) = plan.unrendered {
+                    let c = self.unrendered.get(reason, |r| self.counter(PROMPT_UNRENDERED_TOTAL, &[("reason", r)]));
+                    c.increment(1);
+                }
+            }
+            Route::Passthrough => {}
         }
         if plan.route != Route::Passthrough {
             let route = plan.route.label();

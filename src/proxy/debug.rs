@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::extract::{Query, Request, State};
 use axum::response::{IntoResponse, Response};
-use mmrouter_core::pipeline::{Planned, Route, RoutePlan};
+use mmrouter_core::pipeline::{Planned, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
 use mmrouter_core::routing::{Decision, Router};
 
@@ -48,10 +48,7 @@ async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Va
 }
 
 fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> serde_json::Value {
-    let reason = match plan.route {
-        Route::TextPrefix { reason } => Some(reason),
-        _ => None,
-    };
+    let reason = plan.reason();
     let name = |w: usize| router.worker(w).name().to_owned();
     serde_json::json!({
         "route": plan.route.label(),
@@ -79,7 +76,7 @@ pub fn trace_json(planned: &Planned) -> serde_json::Value {
     let trace = planned.trace.as_ref();
     serde_json::json!({
         "route": plan.route.label(),
-        "reason": plan.fallback_reason(),
+        "reason": plan.reason(),
         "prompt_tokens": plan.prompt_tokens,
         "prompt_tokens_exact": plan.prompt_exact,
         "text": trace.and_then(|t| t.text.as_deref()),

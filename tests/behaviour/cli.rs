@@ -40,30 +40,40 @@ fn missing_config_file_is_named() {
 }
 
 /// `mmrouter render` prints the ids a vLLM worker computes for the request (the parity fixture's
-/// expected ids, produced by transformers), so operators can diff against their deployment.
+/// expected ids, from `vllm launch render`), so operators can diff against their deployment; a chat it
+/// cannot render says why instead of printing ids.
 #[test]
 fn render_prints_the_workers_token_ids() {
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/parity");
     let corpus: serde_json::Value =
         serde_json::from_slice(&std::fs::read(format!("{fixtures}/chats.json")).unwrap()).unwrap();
     let expected: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(format!("{fixtures}/expected/qwen3_vl.json")).unwrap()).unwrap();
-    for name in ["tools_text", "tool_calls_empty_content"] {
-        let request = corpus["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
-        let want = expected["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        serde_json::from_slice(&std::fs::read(format!("{fixtures}/expected/vllm/qwen3_vl.json")).unwrap()).unwrap();
+    let render = |request: &serde_json::Value| {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("request.json");
-        std::fs::write(&path, request["request"].to_string()).unwrap();
+        std::fs::write(&path, request.to_string()).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_mmrouter"))
             .args(["render", "--model-dir", "qwen3-vl"])
             .arg(&path)
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    for name in ["tools_text", "tool_calls_empty_content"] {
+        let request = corpus["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        let want = expected["chats"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        let got = render(&request["request"]);
         assert_eq!(got["route"], "no_media", "{name}");
         assert_eq!(got["prompt_tokens_exact"], true, "{name}");
-        assert_eq!(got["text"], want["text"], "{name}");
+        assert_eq!(got["reason"], serde_json::Value::Null, "{name}");
         assert_eq!(got["token_ids"], want["ids"], "{name}");
     }
+    // vLLM refuses `null` user content (400): no ids, and the reason.
+    let got = render(&serde_json::json!({"messages": [{"role": "user", "content": null}]}));
+    assert_eq!(got["route"], "no_media");
+    assert_eq!(got["reason"], "invalid_request");
+    assert_eq!(got["prompt_tokens"], 0);
+    assert_eq!(got["prompt_tokens_exact"], false);
 }

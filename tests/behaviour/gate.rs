@@ -387,3 +387,29 @@ fn object_keys(raw: &[u8]) -> Vec<String> {
     }
     serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_slice(raw), Keys).unwrap()
 }
+
+/// A text chat the router cannot render (vLLM refuses `null` user content) routes by load on no ids,
+/// and is counted with its reason; `/debug/route` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenderable_text_chat_is_counted_and_routed_by_load() {
+    let c = cluster_with(sims(2, fast).await, "").await;
+    let body = serde_json::to_vec(&serde_json::json!({
+        "model": "Qwen/Qwen3-VL-8B-Instruct", "max_tokens": 4, "messages": [{"role": "user", "content": null}]
+    }))
+    .unwrap();
+    let plan = debug_route(&c.url, &body).await;
+    assert_eq!(plan["route"], "no_media");
+    assert_eq!(plan["reason"], "invalid_request");
+    assert_eq!(plan["prompt_tokens"], 0);
+    assert_eq!(plan["blocks"], 0);
+    let series = "reason=\"invalid_request\"";
+    let before = metric(&metrics_text(&c.url).await, "mmrouter_prompt_unrendered_total", series);
+    let r = post(&c.url, body).await;
+    assert_eq!(header(&r, "x-mmrouter-route"), "no_media");
+    let after = metric(&metrics_text(&c.url).await, "mmrouter_prompt_unrendered_total", series);
+    assert_eq!(after - before, 1.0);
+    // A chat it renders is not counted.
+    let ok = chat_body(&[], "Hello there", false);
+    let _ = post(&c.url, ok).await;
+    assert_eq!(metric(&metrics_text(&c.url).await, "mmrouter_prompt_unrendered_total", series), after);
+}

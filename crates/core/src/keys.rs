@@ -66,7 +66,7 @@ pub struct ImageSpan {
 }
 
 impl ImageSpan {
-    fn end(&self) -> u64 {
+    pub fn end(&self) -> u64 {
         u64::from(self.offset) + u64::from(self.len)
     }
 }

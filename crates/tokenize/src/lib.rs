@@ -51,11 +51,14 @@ mod hash;
 mod load;
 mod normalize;
 mod pretok;
+mod tekken;
 mod unicode;
 mod unicode_data;
 
 use std::collections::HashMap;
 use std::fmt;
+
+pub use tekken::{TekkenError, TekkenImageConfig, TekkenTokenizer, TEKKEN_PATTERN, TEKKEN_STACK_LIMIT_RUN};
 
 use added::AddedTokens;
 use bpe::Bpe;

@@ -18,6 +18,10 @@ pub(super) fn text_expansion(tokens_per_image: u32) -> super::TextExpansion {
         text: format!("\n\n{PLACEHOLDER}{soft}{END}\n\n"),
         embed_token: SOFT,
         embed_count: tokens_per_image,
+        // vLLM's range runs from the token ending the leading "\n\n" (merged with the prompt's own
+        // newlines) to the one starting the trailing "\n\n": `<start_of_image>` … `<end_of_image>` and one
+        // token beyond each (checked against `vllm launch render`).
+        wrap: 2,
     }
 }
 pub(super) const KWARGS: &[&str] = &[

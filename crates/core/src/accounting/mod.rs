@@ -308,6 +308,9 @@ pub struct TextExpansion {
     /// The token that carries the image's embedding, and how many of it the text holds in one run.
     pub embed_token: &'static str,
     pub embed_count: u32,
+    /// Tokens on each side of the embedding run that vLLM's placeholder range (`mm_placeholders`, the
+    /// offsets it hashes into block keys) also covers.
+    pub wrap: u32,
 }
 
 impl ImageTokens {

@@ -33,7 +33,9 @@ impl Accounting<'_> {
             return Ok(Vec::new());
         }
         let counter = self.counter.as_ref().map_err(|e| e.label())?;
-        let text_tokens = tokens.as_ref().ok().map(|t| (t.ids.len() - t.placeholders.len()).min(u32::MAX as usize));
+        // Placeholders beyond the images' are text the user typed (they stay one token each).
+        let text_tokens =
+            tokens.as_ref().ok().map(|t| (t.ids.len() - t.placeholders.len().min(infos.len())).min(u32::MAX as usize));
         let ctx = RequestContext { max_model_len: self.max_model_len, text_tokens: text_tokens.map(|n| n as u32) };
         let request_kwargs = req.field("mm_processor_kwargs").and_then(|v| v.as_object());
         let sizes: Vec<(u32, u32)> = infos.iter().map(|i| (i.width, i.height)).collect();

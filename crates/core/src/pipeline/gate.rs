@@ -46,7 +46,11 @@ impl Gate<'_> {
                 }
             }
             (Err(e), Ok(_)) if has_media => out.plan.route = Route::TextPrefix { reason: e.label() },
-            (Err(e), Ok(_)) => tracing::debug!("chat template failed ({e}); routing by load only"),
+            // Never routes on ids it cannot stand behind: no blocks, and the reason is counted.
+            (Err(e), Ok(_)) => {
+                tracing::debug!("prompt not rendered ({e}); routing by load only");
+                out.plan.unrendered = Some(e.label());
+            }
             // Without images nothing is expanded: a placeholder the user typed stays the one token it is.
             (Ok(tokens), Ok(acc)) if acc.is_empty() && !has_media => {
                 self.set_blocks(out, &tokens.ids, &[], seed, true);

@@ -76,6 +76,9 @@ pub struct RoutePlan {
     /// The request carries `mm_processor_kwargs` or `media_io_kwargs`: vLLM then hashes each image's
     /// uuid together with them, so its KV events name these images differently from the router.
     pub images_rehashed: bool,
+    /// Why a chat without media has no ids (its template, tokenizer or request the router cannot
+    /// render exactly): it routes by load alone, and the reason is counted.
+    pub unrendered: Option<&'static str>,
 }
 
 impl RoutePlan {
@@ -90,6 +93,7 @@ impl RoutePlan {
             spans: Vec::new(),
             decode_tokens,
             images_rehashed: false,
+            unrendered: None,
         }
     }
 
@@ -122,6 +126,12 @@ impl RoutePlan {
             Route::TextPrefix { reason } => Some(reason),
             _ => None,
         }
+    }
+
+    /// Why the plan does not route on the whole prompt's ids: an image chat's fallback reason, or why
+    /// a text chat could not be rendered.
+    pub fn reason(&self) -> Option<&'static str> {
+        self.fallback_reason().or(self.unrendered)
     }
 }
 

@@ -23,6 +23,10 @@ pub enum PlanError {
     PlaceholderMismatch { placeholders: usize, images: usize },
     #[error("image placeholder {0:?} is not a single token of this tokenizer")]
     PlaceholderNotAToken(String),
+    /// Two images' placeholder ranges share a token (Gemma 3 images with no text between them):
+    /// vLLM refuses such a prompt.
+    #[error("two images' placeholder ranges overlap (adjacent images); vLLM refuses the prompt")]
+    PlaceholdersOverlap,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// Over a per-request limit (`unit`: "bytes" of rendered text, or "tokens"): refused, not routed.
@@ -35,6 +39,7 @@ impl PlanError {
         match self {
             PlanError::Prompt(e) => e.label(),
             PlanError::PlaceholderMismatch { .. } | PlanError::PlaceholderNotAToken(_) => "placeholder_mismatch",
+            PlanError::PlaceholdersOverlap => "placeholder_overlap",
             PlanError::InvalidRequest(_) => "invalid_request",
             PlanError::PromptTooLong { .. } => "prompt_too_long",
         }
@@ -66,12 +71,17 @@ pub fn tokenize_chat(
     placeholder: &str,
     opts: &RenderOptions<'_>,
 ) -> Result<ChatTokens, PlanError> {
-    let placeholder_id =
-        model.token_id(placeholder).ok_or_else(|| PlanError::PlaceholderNotAToken(placeholder.to_owned()))?;
+    // A placeholder that is not a token only matters when there are images to put there.
+    let placeholder_id = match model.token_id(placeholder) {
+        Some(id) => Some(id),
+        None if request.images.is_empty() => None,
+        None => return Err(PlanError::PlaceholderNotAToken(placeholder.to_owned())),
+    };
     let text = model.render_chat(request, opts)?;
     check_prompt_bytes(text.len(), opts.max_prompt_bytes)?;
     let ids = encode_rendered(model, request, &text)?;
-    let placeholders = ids.iter().enumerate().filter_map(|(i, &id)| (id == placeholder_id).then_some(i)).collect();
+    let placeholders =
+        ids.iter().enumerate().filter_map(|(i, &id)| (Some(id) == placeholder_id).then_some(i)).collect();
     Ok(ChatTokens { ids, placeholders, text })
 }
 
@@ -95,17 +105,19 @@ pub(crate) fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: 
 
 /// Replaces placeholder i by `images[i]`'s text expansion *in the rendered text* and tokenizes the
 /// result, as the HF processor does, so the expansion's edges merge with their neighbours exactly as
-/// on the worker (Gemma 3's `"\n\n"`). Each image's span is its run of embedding tokens.
+/// on the worker (Gemma 3's `"\n\n"`). Each image's span is its run of embedding tokens plus the
+/// expansion's `wrap` tokens on each side.
 pub(crate) fn expand_text(
     model: &PromptModel,
     tokens: &ChatTokens,
     placeholder: &str,
     images: &[(u128, &TextExpansion)],
 ) -> Result<Expanded, PlanError> {
-    if tokens.placeholders.len() != images.len() {
+    if tokens.placeholders.len() < images.len() {
         return Err(PlanError::PlaceholderMismatch { placeholders: tokens.placeholders.len(), images: images.len() });
     }
-    let pieces: Vec<&str> = tokens.text.split(placeholder).collect();
+    // As vLLM: the first N placeholders are the images'; one the user typed after them stays text.
+    let pieces: Vec<&str> = tokens.text.splitn(images.len() + 1, placeholder).collect();
     if pieces.len() != images.len() + 1 {
         return Err(PlanError::PlaceholderMismatch { placeholders: pieces.len() - 1, images: images.len() });
     }
@@ -116,7 +128,7 @@ pub(crate) fn expand_text(
     }
     text.push_str(pieces.last().copied().unwrap_or_default());
     let ids = model.encode(&text)?;
-    let mut spans = Vec::with_capacity(images.len());
+    let mut spans: Vec<ImageSpan> = Vec::with_capacity(images.len());
     let mut at = 0;
     for (hash, expansion) in images {
         let embed = model
@@ -124,13 +136,20 @@ pub(crate) fn expand_text(
             .ok_or_else(|| PlanError::PlaceholderNotAToken(expansion.embed_token.to_owned()))?;
         let start = ids[at..].iter().position(|&id| id == embed).map(|p| p + at);
         let len = expansion.embed_count as usize;
+        let wrap = expansion.wrap as usize;
         let run_ok = start.is_some_and(|s| ids.get(s..s + len).is_some_and(|run| run.iter().all(|&id| id == embed)));
-        let (Some(start), true) = (start, run_ok) else {
+        let (Some(start), true) = (start, run_ok && start.is_some_and(|s| s >= wrap && s + len + wrap <= ids.len()))
+        else {
             return Err(PlanError::PlaceholderMismatch { placeholders: spans.len(), images: images.len() });
         };
         let too_long = || PlanError::InvalidRequest("expanded prompt exceeds u32 offsets".into());
-        let offset = u32::try_from(start).map_err(|_| too_long())?;
-        spans.push(ImageSpan { offset, len: expansion.embed_count, hash: *hash });
+        let offset = u32::try_from(start - wrap).map_err(|_| too_long())?;
+        // Adjacent images share the token their "\n\n" merged into: vLLM refuses overlapping ranges.
+        if spans.last().is_some_and(|prev| prev.end() > u64::from(offset)) {
+            return Err(PlanError::PlaceholdersOverlap);
+        }
+        let span_len = u32::try_from(len + 2 * wrap).map_err(|_| too_long())?;
+        spans.push(ImageSpan { offset, len: span_len, hash: *hash });
         at = start + len;
     }
     Ok(Expanded { ids, spans })
@@ -183,12 +202,14 @@ fn token_ids(items: &[Json]) -> Result<Vec<u32>, PlanError> {
 /// each image landed. Run-part texts that are one token map to that id; longer texts are
 /// tokenized on their own, as vLLM tokenizes a replacement string.
 pub fn expand(model: &PromptModel, tokens: &ChatTokens, images: &[(u128, &[RunPart])]) -> Result<Expanded, PlanError> {
-    if tokens.placeholders.len() != images.len() {
+    if tokens.placeholders.len() < images.len() {
         return Err(PlanError::PlaceholderMismatch { placeholders: tokens.placeholders.len(), images: images.len() });
     }
+    // As vLLM: the first N placeholders are the images'; one the user typed after them stays text.
+    let placeholders = &tokens.placeholders[..images.len()];
     // ChatTokens has public fields: check the positions before slicing by them.
-    let ordered = tokens.placeholders.windows(2).all(|w| w[0] < w[1]);
-    if !ordered || tokens.placeholders.last().is_some_and(|&p| p >= tokens.ids.len()) {
+    let ordered = placeholders.windows(2).all(|w| w[0] < w[1]);
+    if !ordered || placeholders.last().is_some_and(|&p| p >= tokens.ids.len()) {
         return Err(PlanError::InvalidRequest("placeholder positions must be increasing and inside the ids".into()));
     }
     // Resolve each distinct part text once (runs repeat the same few texts).
@@ -227,7 +248,7 @@ pub fn expand(model: &PromptModel, tokens: &ChatTokens, images: &[(u128, &[RunPa
     let mut ids = Vec::with_capacity(total);
     let mut spans = Vec::with_capacity(images.len());
     let mut prev = 0;
-    for ((&pos, (hash, _)), run) in tokens.placeholders.iter().zip(images).zip(&runs) {
+    for ((&pos, (hash, _)), run) in placeholders.iter().zip(images).zip(&runs) {
         ids.extend_from_slice(&tokens.ids[prev..pos]);
         let start = ids.len();
         for &(idx, repeat) in run {

@@ -90,7 +90,7 @@ fn message(i: usize, m: &Message, shape: &Shape<'_>, images_seen: &mut usize) ->
         Some(Json::String(r)) => r.clone(),
         _ => return Err(invalid(format!("messages[{i}].role must be a string"))),
     };
-    let items = items(i, m)?;
+    let items = items(i, &role, m)?;
     let mut content = match shape.format {
         ContentFormat::OpenAi => Content::Parts(items),
         ContentFormat::String => Content::Text(flatten(i, &items, shape, images_seen)?),
@@ -139,8 +139,13 @@ fn message(i: usize, m: &Message, shape: &Shape<'_>, images_seen: &mut usize) ->
 }
 
 /// The parts of a message's content, normalised (§4.1–4.2 of vLLM's parser).
-fn items(i: usize, m: &Message) -> Result<Vec<Item>, PromptError> {
+fn items(i: usize, role: &str, m: &Message) -> Result<Vec<Item>, PromptError> {
     let parts = match m.content() {
+        // vLLM's request schema allows `null` content on assistant messages only (a tool-call turn);
+        // every other role's `null` is a 400 there, so no ids could be right here.
+        Some(Entry::Json(Json::Null)) if role != "assistant" => {
+            return Err(invalid(format!("messages[{i}].content is null (allowed on assistant messages only)")))
+        }
         None | Some(Entry::Json(Json::Null)) => return Ok(Vec::new()),
         Some(Entry::Json(Json::String(s))) => return Ok(vec![Item::Text(s.clone())]),
         Some(Entry::Json(_)) => {

@@ -560,18 +560,25 @@ fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// Tokenizer classes whose transformers 5 implementation replaces the file's normalizer and
-/// pre-tokenizer with a SentencePiece-style `Metaspace` (`LlamaTokenizer`, also used for Mistral and
-/// LLaVA checkpoints), and the model types that select it when `tokenizer_class` is absent.
+/// pre-tokenizer with a SentencePiece-style `Metaspace` (`LlamaTokenizer`, also used for Mistral
+/// checkpoints), and the model types that select it when `tokenizer_class` is absent.
 const LLAMA_CLASSES: [&str; 2] = ["LlamaTokenizer", "LlamaTokenizerFast"];
-const LLAMA_MODEL_TYPES: [&str; 4] = ["llama", "llava", "llava_next", "mistral"];
+const LLAMA_MODEL_TYPES: [&str; 2] = ["llama", "mistral"];
+/// Model types whose hub `tokenizer_class` transformers (5.19, vLLM 0.32's) overrides with the file
+/// as it is (`MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`): LLaVA's `Prepend` normalizer stays, so a
+/// `▁` follows every special token (checked against `vllm launch render`).
+const FILE_AS_IS_MODEL_TYPES: [&str; 7] = ["llava", "llava_next", "vipllava", "phi3", "phi3_v", "smolvlm", "qwen2"];
 
 /// transformers 5 (what vLLM ≥ 0.30 runs) takes only the vocabulary and merges from `tokenizer.json`
 /// and builds the rest from the tokenizer class. For `LlamaTokenizer` that is: no normalizer, and a
 /// `Metaspace("▁")` pre-tokenizer that prepends to the first piece of the input only (`legacy=false`,
 /// `add_prefix_space=true` by default; `legacy=true` prepends to every piece, `add_prefix_space=false`
-/// to none). A file written for transformers 4 (a `Prepend` normalizer) would otherwise put a `▁`
-/// after every special token. Other classes keep the file as it is.
+/// to none). Other classes, and the model types transformers loads from the file whatever their
+/// class, keep the file as it is.
 fn transformers_architecture(json: Vec<u8>, config: &Json, model_type: Option<&str>) -> Result<Vec<u8>, String> {
+    if model_type.is_some_and(|t| FILE_AS_IS_MODEL_TYPES.contains(&t)) {
+        return Ok(json);
+    }
     let class = config.get("tokenizer_class").and_then(Json::as_str);
     let llama = match class {
         Some(c) => LLAMA_CLASSES.contains(&c),

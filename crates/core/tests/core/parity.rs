@@ -1,13 +1,12 @@
-//! Token-for-token parity with vLLM's chat rendering, family by family, on the real chat templates
-//! and tokenizers (`tests/fixtures/parity/`, provenance in each `PROVENANCE.json`).
+//! Token-for-token parity with vLLM, family by family, on the real chat templates, tokenizers and
+//! processors (`tests/fixtures/parity/`, provenance in each `PROVENANCE.json`).
 //!
-//! The expected ids were produced once by `tests/fixtures/parity/tools/gen_expected.py`: each chat of
-//! `chats.json` normalised as vLLM 0.34 normalises it (`docs/vllm-chat-normalisation.md`), rendered by
-//! transformers 5.22 `apply_chat_template`, tokenized by `tokenizers`; chats with images went through
-//! the model's HF *processor* on the real images, so the image expansions are checked too. Here every
-//! chat goes through the router's own pipeline (parse → intake → account → plan, with tracing on):
-//! where the expected outcome is `ok`, the router's plan must be exact and its ids and image spans
-//! equal; where vLLM rejects the chat (or the processor fails), the router must not claim an exact
+//! The expected ids are vLLM's own: `tests/fixtures/parity/tools/oracle.py` posts each chat of
+//! `chats.json` to vLLM 0.32's GPU-less render server (`vllm launch render`) on the family's files and
+//! commits the `token_ids` the engine would prefill and each image's `mm_placeholders` range
+//! (`expected/vllm/<family>.json`). Here every chat goes through the router's own pipeline (parse →
+//! intake → account → plan, with tracing on): where vLLM renders the chat, the router's plan must be
+//! exact and its ids and image spans equal; where vLLM rejects it, the router must not claim an exact
 //! prompt — it routes by load or on a text prefix, with a reason.
 
 use std::path::PathBuf;
@@ -65,53 +64,73 @@ fn plan(rt: &tokio::runtime::Runtime, p: &Pipeline, body: &[u8]) -> Planned {
     rt.block_on(p.plan_with(&request, true)).expect("no policy rejection")
 }
 
-/// Checks every chat of `expected/<family>.json` against the pipeline; returns how many were exact.
+/// Checks every chat of `expected/vllm/<family>.json` against the pipeline; returns how many were exact.
 fn check_family(family: &str, p: &Pipeline) -> usize {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let expected = read_json(parity_dir().join("expected").join(format!("{family}.json")));
+    let expected = read_json(parity_dir().join("expected").join("vllm").join(format!("{family}.json")));
+    let chats = expected["chats"].as_array().unwrap();
+    assert_eq!(names(chats), corpus_names(), "{family}: expected ids are stale; rerun tools/oracle.py");
     let mut failures = Vec::new();
     let mut exact = 0;
-    for chat in expected["chats"].as_array().unwrap() {
+    for chat in chats {
         let name = chat["name"].as_str().unwrap();
         let planned = plan(&rt, p, &body(name));
-        let trace = planned.trace.as_ref().expect("trace requested");
-        let plan = &planned.plan;
-        if chat["outcome"] != "ok" {
-            // vLLM answers 400 (or its processor fails): the router must not claim this prompt.
-            if plan.prompt_exact {
-                failures.push(format!("{name}: vLLM rejects it ({}) but the plan is exact", chat["outcome"]));
-            }
-            continue;
+        match check_chat(chat, &planned) {
+            Ok(true) => exact += 1,
+            Ok(false) => {}
+            Err(why) => failures.push(format!("{name}: {why}")),
         }
-        let want: Vec<u32> = serde_json::from_value(chat["ids"].clone()).unwrap();
-        if !plan.prompt_exact || trace.ids != want {
-            let text = trace.text.as_deref().unwrap_or("<none>");
-            failures.push(format!(
-                "{name}: route {} exact {}\n  want text {:?}\n  got  text {text:?}\n  want {} ids, got {}{}",
-                plan.route.label(),
-                plan.prompt_exact,
-                chat["text"].as_str().unwrap_or(""),
-                want.len(),
-                trace.ids.len(),
-                first_difference(&want, &trace.ids)
-            ));
-            continue;
-        }
-        let want_spans: Vec<(u64, u64)> = chat["image_spans"]
-            .as_array()
-            .map(|s| s.iter().map(|x| (x["offset"].as_u64().unwrap(), x["length"].as_u64().unwrap())).collect())
-            .unwrap_or_default();
-        let spans: Vec<(u64, u64)> = trace.spans.iter().map(|s| (u64::from(s.offset), u64::from(s.len))).collect();
-        if spans != want_spans {
-            failures.push(format!("{name}: image spans {spans:?}, want {want_spans:?}"));
-            continue;
-        }
-        let route = if want_spans.is_empty() { Route::NoMedia } else { Route::Exact };
-        assert_eq!(plan.route, route, "{family}/{name}");
-        exact += 1;
     }
     assert!(failures.is_empty(), "{family}: {} chat(s) differ:\n{}", failures.len(), failures.join("\n"));
+    let accepted = chats.iter().filter(|c| c["outcome"] == "ok").count();
+    assert_eq!(exact, accepted, "{family}: every chat vLLM renders is exact");
     exact
+}
+
+/// `Ok(true)`: exact and equal to vLLM; `Ok(false)`: vLLM rejects it and the router does not claim it.
+fn check_chat(chat: &Value, planned: &Planned) -> Result<bool, String> {
+    let trace = planned.trace.as_ref().expect("trace requested");
+    let plan = &planned.plan;
+    if chat["outcome"] != "ok" {
+        return match plan.prompt_exact {
+            true => Err(format!("vLLM rejects it ({}: {}) but the plan is exact", chat["outcome"], chat["message"])),
+            false => Ok(false),
+        };
+    }
+    let want: Vec<u32> = serde_json::from_value(chat["ids"].clone()).unwrap();
+    if !plan.prompt_exact || trace.ids != want {
+        return Err(format!(
+            "route {} exact {} ({:?})\n  got text {:?}\n  want {} ids, got {}{}",
+            plan.route.label(),
+            plan.prompt_exact,
+            plan.fallback_reason(),
+            trace.text.as_deref().unwrap_or("<none>"),
+            want.len(),
+            trace.ids.len(),
+            first_difference(&want, &trace.ids)
+        ));
+    }
+    let want_spans: Vec<(u64, u64)> = chat["image_spans"]
+        .as_array()
+        .map(|s| s.iter().map(|x| (x["offset"].as_u64().unwrap(), x["length"].as_u64().unwrap())).collect())
+        .unwrap_or_default();
+    let spans: Vec<(u64, u64)> = trace.spans.iter().map(|s| (u64::from(s.offset), u64::from(s.len))).collect();
+    if spans != want_spans {
+        return Err(format!("image spans {spans:?}, vLLM's mm_placeholders {want_spans:?}"));
+    }
+    let route = if want_spans.is_empty() { Route::NoMedia } else { Route::Exact };
+    match plan.route == route {
+        true => Ok(true),
+        false => Err(format!("route {}, want {}", plan.route.label(), route.label())),
+    }
+}
+
+fn names(chats: &[Value]) -> Vec<String> {
+    chats.iter().map(|c| c["name"].as_str().unwrap().to_owned()).collect()
+}
+
+fn corpus_names() -> Vec<String> {
+    names(read_json(parity_dir().join("chats.json"))["chats"].as_array().unwrap())
 }
 
 fn first_difference(want: &[u32], got: &[u32]) -> String {
@@ -124,25 +143,25 @@ fn first_difference(want: &[u32], got: &[u32]) -> String {
 #[test]
 fn qwen3_vl_is_token_exact() {
     assert_bundled_template_is_published("qwen3-vl", "qwen3_vl");
-    assert_eq!(check_family("qwen3_vl", &pipeline(ModelSource::Bundled("qwen3-vl"))), 34);
+    assert_eq!(check_family("qwen3_vl", &pipeline(ModelSource::Bundled("qwen3-vl"))), 46);
 }
 
 #[test]
 fn qwen2_5_vl_is_token_exact() {
     assert_bundled_template_is_published("qwen2.5-vl", "qwen2_5_vl");
-    assert_eq!(check_family("qwen2_5_vl", &pipeline(ModelSource::Bundled("qwen2.5-vl"))), 34);
+    assert_eq!(check_family("qwen2_5_vl", &pipeline(ModelSource::Bundled("qwen2.5-vl"))), 46);
 }
 
 #[test]
 fn gemma3_is_token_exact() {
     let dir = parity_dir().join("models").join("gemma3");
-    assert_eq!(check_family("gemma3", &pipeline(ModelSource::Dir(dir))), 31);
+    assert_eq!(check_family("gemma3", &pipeline(ModelSource::Dir(dir))), 38);
 }
 
 #[test]
 fn llava_1_5_is_token_exact() {
     let dir = parity_dir().join("models").join("llava_1_5");
-    assert_eq!(check_family("llava_1_5", &pipeline(ModelSource::Dir(dir))), 34);
+    assert_eq!(check_family("llava_1_5", &pipeline(ModelSource::Dir(dir))), 46);
 }
 
 /// The bundled profiles carry the checkpoints' published templates (the fixture copies, with provenance).

@@ -76,23 +76,41 @@ fn qwen_runs_are_placed_exactly() {
 }
 
 #[test]
-fn placeholder_count_must_match_images() {
+fn fewer_placeholders_than_images_is_a_mismatch() {
     let model = model();
-    let tokens = tokenize_chat(&model, &two_image_request(), PAD).unwrap();
-    let one = [run(PAD, 3)];
-    let err = expand(&model, &tokens, &[(1, &one)]).unwrap_err();
+    let one_image = json!({"messages": [{"role": "user", "content": [image(4), {"type": "text", "text": "hi"}]}]});
+    let tokens = tokenize_chat(&model, &one_image, PAD).unwrap();
+    let (a, b) = ([run(PAD, 3)], [run(PAD, 2)]);
+    let err = expand(&model, &tokens, &[(1, &a), (2, &b)]).unwrap_err();
     assert_eq!(err.label(), "placeholder_mismatch");
-    assert!(err.to_string().contains("2 image placeholder"), "{err}");
-
-    // A user typing the placeholder literally adds a placeholder the request has no image for.
-    let sneaky =
-        json!({"messages": [{"role": "user", "content": [image(4), {"type": "text", "text": "see <|image_pad|>"}]}]});
-    let tokens = tokenize_chat(&model, &sneaky, PAD).unwrap();
-    assert_eq!(tokens.placeholders.len(), 2);
-    assert_eq!(expand(&model, &tokens, &[(1, &one)]).unwrap_err().label(), "placeholder_mismatch");
+    assert!(err.to_string().contains("1 image placeholder(s) but the request has 2"), "{err}");
 
     let err = tokenize_chat(&model, &two_image_request(), "[IMG]").unwrap_err();
     assert_eq!(err.label(), "placeholder_mismatch");
+}
+
+/// vLLM expands the first N placeholder tokens of the prompt for N images (checked against
+/// `vllm launch render`): a placeholder the user typed *after* the images stays one token, one typed
+/// *before* them takes the first image's run and the template's own placeholder stays one token.
+#[test]
+fn typed_placeholders_beyond_the_images_stay_text() {
+    let model = model();
+    let pad = model.token_id(PAD).unwrap();
+    let one = [run(PAD, 3)];
+    for (content, typed_first) in [
+        (json!([image(4), {"type": "text", "text": "see <|image_pad|>"}]), false),
+        (json!([{"type": "text", "text": "see <|image_pad|>"}, image(4)]), true),
+    ] {
+        let tokens = tokenize_chat(&model, &json!({"messages": [{"role": "user", "content": content}]}), PAD).unwrap();
+        assert_eq!(tokens.placeholders.len(), 2);
+        let out = expand(&model, &tokens, &[(1, &one)]).unwrap();
+        let first = tokens.placeholders[0];
+        assert_eq!(out.spans, [ImageSpan { offset: first as u32, len: 3, hash: 1 }]);
+        assert_eq!(out.ids.len(), tokens.ids.len() + 2);
+        assert_eq!(out.ids.iter().filter(|&&id| id == pad).count(), 4, "3 of the run + the one left as text");
+        let vision_start = model.token_id("<|vision_start|>").unwrap();
+        assert_eq!(out.ids[first - 1] == vision_start, !typed_first);
+    }
 }
 
 #[test]
