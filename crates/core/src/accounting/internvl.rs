@@ -10,7 +10,11 @@ use super::kwargs::{missing, Found, Layers, CONFIG_FILE, PREPROCESSOR_FILE};
 use super::num::{exact, mul, to_u32, to_u64};
 use super::{ImageTokens, RunPart, Structure};
 
+/// What remote-code checkpoints' templates emit per image (`internvl_chat`).
 pub(super) const PLACEHOLDER: &str = "<image>";
+/// What HF-format checkpoints' templates emit per image (`internvl`): the context token itself, which
+/// the processor replaces by `<img>` + N of it + `</img>`.
+pub(super) const HF_PLACEHOLDER: &str = CONTEXT;
 const CONTEXT: &str = "<IMG_CONTEXT>";
 const START: &str = "<img>";
 const END: &str = "</img>";
@@ -38,6 +42,8 @@ pub(super) struct Spec {
     tokens_per_tile: u64,
     /// `(cols, rows)` grids sorted by tile count.
     grids: Vec<(u64, u64)>,
+    /// HF format (`model_type` `internvl`) rather than remote code (`internvl_chat`).
+    hf: bool,
 }
 
 fn required<'a>(found: Option<Found<'a>>, file: &'static str, key: &str) -> Result<Found<'a>, AccountingError> {
@@ -45,6 +51,19 @@ fn required<'a>(found: Option<Found<'a>>, file: &'static str, key: &str) -> Resu
 }
 
 impl Spec {
+    pub(super) fn hf_format(&self) -> bool {
+        self.hf
+    }
+
+    /// The token the chat template writes per image.
+    pub(super) fn placeholder(&self) -> &'static str {
+        if self.hf {
+            HF_PLACEHOLDER
+        } else {
+            PLACEHOLDER
+        }
+    }
+
     pub(super) fn build(l: &Layers) -> Result<Spec, AccountingError> {
         let (tile, min_tiles, max_tiles, thumbnail, max_origin) = if is_remote(l) {
             let tile = match l.cfg_found(&["force_image_size"]) {
@@ -109,7 +128,7 @@ impl Spec {
             .filter(|&(c, r)| (min_tiles..=max_tiles).contains(&(c * r)))
             .collect();
         grids.sort_by_key(|&(c, r)| c * r);
-        Ok(Spec { tile, thumbnail, tokens_per_tile, grids })
+        Ok(Spec { tile, thumbnail, tokens_per_tile, grids, hf: !is_remote(l) })
     }
 
     fn best_grid(&self, width: u32, height: u32) -> (u64, u64) {

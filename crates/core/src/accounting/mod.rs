@@ -479,10 +479,16 @@ impl Counter {
     /// The placeholder vLLM writes into string-format message content for the n-th image (1-based) of
     /// a request (`get_placeholder_str`); `None` where vLLM writes none (Pixtral, Mistral 3).
     pub fn prompt_placeholder(&self, n: usize) -> Option<String> {
-        self.family.prompt_placeholder(n)
+        match &self.spec {
+            Spec::InternVl(s) if s.hf_format() => Some(internvl::HF_PLACEHOLDER.to_owned()),
+            _ => self.family.prompt_placeholder(n),
+        }
     }
 
     pub fn placeholder(&self) -> &str {
+        if let Spec::InternVl(s) = &self.spec {
+            return s.placeholder();
+        }
         match self.family {
             Family::Qwen2Vl | Family::Qwen3Vl => qwen::PAD,
             Family::Glm4v => glm4v::PAD,

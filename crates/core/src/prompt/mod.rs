@@ -189,11 +189,16 @@ impl PromptModel {
         tokenizer: Tokenizer,
         fast: Option<FastTokenizer>,
         config: &Json,
-        processor_template: Option<String>,
+        processor_template: Option<ProcessorTemplate>,
     ) -> Result<PromptModel, String> {
         let mut templates = templates_from_config(config)?;
         if let Some(t) = processor_template {
-            templates.push((PROCESSOR_TEMPLATE.to_owned(), t));
+            // transformers' tokenizer loads `chat_template.jinja` too, in place of its config's templates:
+            // so requests with tools (which vLLM renders with the tokenizer's) get it as well.
+            if t.from_jinja {
+                templates = vec![(DEFAULT_TEMPLATE.to_owned(), t.source.clone())];
+            }
+            templates.push((PROCESSOR_TEMPLATE.to_owned(), t.source));
         }
         Self::build(tokenizer, fast, config, templates)
     }
@@ -366,11 +371,18 @@ impl PromptModel {
     }
 }
 
+/// A processor template and where it came from.
+struct ProcessorTemplate {
+    source: String,
+    /// Read from `chat_template.jinja`, which the tokenizer loads as its own template as well.
+    from_jinja: bool,
+}
+
 /// `chat_template.jinja` (raw) or `chat_template.json` (`{"chat_template": "..."}`) beside the
 /// tokenizer files: transformers' processor template, which vLLM prefers.
-fn read_processor_template(dir: &Path) -> Result<Option<String>, (&'static str, String)> {
+fn read_processor_template(dir: &Path) -> Result<Option<ProcessorTemplate>, (&'static str, String)> {
     match std::fs::read_to_string(dir.join("chat_template.jinja")) {
-        Ok(t) => return Ok(Some(t)),
+        Ok(source) => return Ok(Some(ProcessorTemplate { source, from_jinja: true })),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(("chat_template.jinja", e.to_string())),
     }
@@ -378,7 +390,7 @@ fn read_processor_template(dir: &Path) -> Result<Option<String>, (&'static str, 
         Ok(bytes) => {
             let json: Json = serde_json::from_slice(&bytes).map_err(|e| ("chat_template.json", e.to_string()))?;
             match json.get("chat_template").and_then(Json::as_str) {
-                Some(t) => Ok(Some(t.to_owned())),
+                Some(t) => Ok(Some(ProcessorTemplate { source: t.to_owned(), from_jinja: false })),
                 None => Err(("chat_template.json", "no string field `chat_template`".into())),
             }
         }

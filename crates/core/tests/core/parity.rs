@@ -103,7 +103,7 @@ fn check_chat(chat: &Value, planned: &Planned) -> Result<bool, String> {
             "route {} exact {} ({:?})\n  got text {:?}\n  want {} ids, got {}{}",
             plan.route.label(),
             plan.prompt_exact,
-            plan.fallback_reason(),
+            plan.reason(),
             trace.text.as_deref().unwrap_or("<none>"),
             want.len(),
             trace.ids.len(),
@@ -162,6 +162,18 @@ fn gemma3_is_token_exact() {
 fn llava_1_5_is_token_exact() {
     let dir = parity_dir().join("models").join("llava_1_5");
     assert_eq!(check_family("llava_1_5", &pipeline(ModelSource::Dir(dir))), 46);
+}
+
+#[test]
+fn llama4_is_token_exact() {
+    let dir = parity_dir().join("models").join("llama4");
+    assert_eq!(check_family("llama4", &pipeline(ModelSource::Dir(dir))), 45);
+}
+
+#[test]
+fn internvl3_is_token_exact() {
+    let dir = parity_dir().join("models").join("internvl3");
+    assert_eq!(check_family("internvl3", &pipeline(ModelSource::Dir(dir))), 46);
 }
 
 /// The bundled profiles carry the checkpoints' published templates (the fixture copies, with provenance).

@@ -65,6 +65,10 @@ fn from_dir_loads_an_hf_directory_and_prefers_the_processor_template() {
 
     write("chat_template.json", br#"{"chat_template": "J{{ messages | length }}"}"#);
     assert_eq!(render(&PromptModel::from_dir(dir.path()).unwrap(), &request).unwrap(), "J1");
+    // A request with tools renders with the tokenizer's template, as vLLM resolves it…
+    let with_tools = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f"}}]});
+    assert!(render(&PromptModel::from_dir(dir.path()).unwrap(), &with_tools).unwrap().contains("<tools>"));
     // A template that loops over content gets parts (vLLM's "openai" content format)…
     write(
         "chat_template.jinja",
@@ -74,10 +78,9 @@ fn from_dir_loads_an_hf_directory_and_prefers_the_processor_template() {
     // …one that does not gets a string, image placeholders first (vLLM's "string" format).
     write("chat_template.jinja", b"{% for m in messages %}[{{ m.content }}]{% endfor %}");
     assert_eq!(render(&PromptModel::from_dir(dir.path()).unwrap(), &request).unwrap(), "[hi]");
-    // A request with tools renders with the tokenizer's template, as vLLM resolves it.
-    let with_tools = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
-        "tools": [{"type": "function", "function": {"name": "f"}}]});
-    assert!(render(&PromptModel::from_dir(dir.path()).unwrap(), &with_tools).unwrap().contains("<tools>"));
+    // …and `chat_template.jinja` is the tokenizer's template too (transformers loads it in place of the
+    // config's), so with one a request with tools renders with it as well.
+    assert_eq!(render(&PromptModel::from_dir(dir.path()).unwrap(), &with_tools).unwrap(), "[hi]");
 
     let empty = tempfile::tempdir().unwrap();
     let err = PromptModel::from_dir(empty.path()).unwrap_err();
