@@ -44,9 +44,35 @@ impl ModelSource {
 
     /// The chat template(s) and tokenizer.
     pub fn load_prompt(&self) -> Result<PromptModel, PromptError> {
-        match self {
-            ModelSource::Bundled(name) => PromptModel::bundled(name),
-            ModelSource::Dir(dir) => PromptModel::from_dir(dir),
+        self.load_prompt_as(TokenizerMode::Auto)
+    }
+
+    /// The prompt builder for `mode` (resolved as vLLM resolves `auto`).
+    pub fn load_prompt_as(&self, mode: TokenizerMode) -> Result<PromptModel, PromptError> {
+        match (self, self.resolve_mode(mode)) {
+            (ModelSource::Bundled(name), _) => PromptModel::bundled(name),
+            (ModelSource::Dir(dir), TokenizerMode::Mistral) => PromptModel::from_mistral_dir(dir),
+            (ModelSource::Dir(dir), _) => PromptModel::from_dir(dir),
+        }
+    }
+
+    /// vLLM's `auto`: Mistral mode for a Mistral-format checkpoint (`tekken.json` beside
+    /// `consolidated*.safetensors`). A directory with `tekken.json` and no `tokenizer.json` (the router
+    /// needs no weights) can only be read that way, so it is Mistral too.
+    pub fn resolve_mode(&self, mode: TokenizerMode) -> TokenizerMode {
+        let ModelSource::Dir(dir) = self else { return TokenizerMode::Hf };
+        if mode != TokenizerMode::Auto {
+            return mode;
+        }
+        let has = |f: &str| dir.join(f).is_file() || dir.join(format!("{f}.gz")).is_file();
+        let consolidated = std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("consolidated") && name.ends_with(".safetensors")
+        });
+        match has("tekken.json") && (consolidated || !has("tokenizer.json")) {
+            true => TokenizerMode::Mistral,
+            false => TokenizerMode::Hf,
         }
     }
 
@@ -69,6 +95,29 @@ impl ModelSource {
                 Counter::from_json(&file("preprocessor_config.json")?, &file("config.json")?, family, kwargs)
             }
             ModelSource::Dir(dir) => Counter::from_model_dir(dir, family, kwargs),
+        }
+    }
+}
+
+/// How the workers build prompt ids (vLLM's `--tokenizer-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TokenizerMode {
+    /// As vLLM decides: Mistral for Mistral-format checkpoints, else HF.
+    #[default]
+    Auto,
+    /// The HF chat template and `tokenizer.json`.
+    Hf,
+    /// mistral_common on `tekken.json` (no template).
+    Mistral,
+}
+
+impl TokenizerMode {
+    pub fn parse(s: &str) -> Result<TokenizerMode, String> {
+        match s {
+            "auto" => Ok(TokenizerMode::Auto),
+            "hf" => Ok(TokenizerMode::Hf),
+            "mistral" => Ok(TokenizerMode::Mistral),
+            other => Err(format!("'{other}' is not auto, hf or mistral")),
         }
     }
 }
@@ -97,6 +146,8 @@ pub struct ModelSpec {
     pub chat_template: Option<String>,
     /// The workers' `--chat-template-content-format`; `None` is vLLM's `auto` (detected per template).
     pub content_format: Option<ContentFormat>,
+    /// The workers' `--tokenizer-mode`.
+    pub tokenizer_mode: TokenizerMode,
     /// Largest rendered prompt (bytes of text, before tokenizing) a request may have; beyond it the
     /// request is refused rather than tokenized (bounded work per request).
     pub max_prompt_bytes: usize,
@@ -124,6 +175,7 @@ impl ModelSpec {
             max_model_len: None,
             chat_template: None,
             content_format: None,
+            tokenizer_mode: TokenizerMode::Auto,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
             max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
         }

@@ -45,6 +45,10 @@ pub enum AccountingError {
     /// Nemotron: `max_model_len - text_tokens - 4` is negative.
     #[error("no token budget left for images: max_model_len {max_model_len}, text tokens {text_tokens}")]
     BudgetUnderflow { max_model_len: u32, text_tokens: u32 },
+    /// Mistral tokenizer mode: mistral_common sizes the image as stored, vLLM's processor as its EXIF
+    /// orientation shows it, and the two runs differ: the worker fails the request.
+    #[error("image {width}x{height}: its EXIF orientation transposes it and the two sizes give different runs")]
+    ExifTransposed { width: u32, height: u32 },
     /// Nemotron: the request-wide budget did not settle within the reference's iteration limit.
     #[error("request-wide image budget did not converge in {iterations} iterations")]
     NoConvergence { iterations: u32 },
@@ -68,6 +72,7 @@ impl AccountingError {
             AccountingError::NeedsRequestContext { .. } => "needs_request_context",
             AccountingError::BudgetUnderflow { .. } => "budget_underflow",
             AccountingError::NoConvergence { .. } => "no_convergence",
+            AccountingError::ExifTransposed { .. } => "exif_transposed",
         }
     }
 }

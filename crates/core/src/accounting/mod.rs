@@ -387,6 +387,18 @@ impl Counter {
         Counter::build(preprocessor, config, family_override, server_kwargs.clone())
     }
 
+    /// The counter of vLLM's `--tokenizer-mode mistral`, where mistral_common sizes images from the
+    /// `image` section of `tekken.json` (patch, longest side, spatial merge) and rounds half to even.
+    pub fn for_tekken(patch: u32, max_image_size: u32, merge: u32) -> Result<Counter, AccountingError> {
+        let preprocessor = serde_json::json!({"patch_size": patch, "size": {"longest_edge": max_image_size}});
+        let config = serde_json::json!({"spatial_merge_size": merge});
+        // Pixtral-12B has no merge layer; Mistral 3 merges 2×2 patches into one token.
+        let family = if merge == 1 { Family::Pixtral } else { Family::Mistral3 };
+        let mut kwargs = Map::new();
+        kwargs.insert(kwargs::TOKENIZER_MODE.to_owned(), Value::String("mistral".into()));
+        Counter::build(preprocessor, config, Some(family), kwargs)
+    }
+
     /// Builds from already-parsed files.
     pub fn from_json(
         preprocessor_config: &Value,

@@ -55,6 +55,10 @@ pub struct MediaConfig {
     pub orientation: Orientation,
     /// Deadline for all images of one request together.
     pub deadline_ms: u64,
+    /// Also report whether an image's EXIF orientation transposes it (not a config key: the pipeline
+    /// sets it in Mistral tokenizer mode, where the worker sizes an image both ways).
+    #[serde(skip)]
+    pub report_transposed: bool,
 }
 
 impl Default for MediaConfig {
@@ -78,6 +82,7 @@ impl Default for MediaConfig {
             url_cache_entries: 4096,
             orientation: Orientation::Stored,
             deadline_ms: 15_000,
+            report_transposed: false,
         }
     }
 }

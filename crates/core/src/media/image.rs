@@ -18,6 +18,8 @@ pub struct ImageInfo {
     pub bytes: usize,
     /// Where the bytes came from.
     pub source: Source,
+    /// Its EXIF orientation swaps width and height (only looked at when `report_transposed` is set).
+    pub transposed: bool,
 }
 
 /// Where an image's bytes came from (the `source` label of the probe-duration histogram).

@@ -15,7 +15,7 @@ use crate::media::error::MediaError;
 use crate::media::fetch::Fetcher;
 use crate::media::guard::Guard;
 use crate::media::image::{ImageInfo, Source};
-use crate::media::probe::{probe_bytes, probe_header, HEADER_PROBE_BYTES};
+use crate::media::probe::{probe_bytes, probe_header, transposes, HEADER_PROBE_BYTES};
 
 /// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +145,8 @@ impl Intake {
         })?;
         let digest = ImageDigest(*hasher.finalize().as_bytes());
         let header = probe_header(&prefix, cfg)?;
+        // EXIF sits in the file's first segments, which the prefix holds.
+        let transposed = cfg.report_transposed && transposes(&prefix, cfg);
         let (width, height, format) = match header {
             Some(dims) if cfg.orientation == Orientation::Stored => dims,
             _ if prefix.len() == len => self.probe_off_thread(prefix).await?,
@@ -153,7 +155,7 @@ impl Intake {
                 self.probe_off_thread(full).await?
             }
         };
-        Ok(ImageInfo { digest, width, height, format, bytes: len, source: Source::DataUrl })
+        Ok(ImageInfo { digest, width, height, format, bytes: len, source: Source::DataUrl, transposed })
     }
 
     async fn fetch_http(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
@@ -168,11 +170,12 @@ impl Intake {
             })??;
         let digest = ImageDigest::of(&bytes);
         let len = bytes.len();
+        let transposed = inner.cfg.report_transposed && transposes(&bytes, &inner.cfg);
         let (width, height, format) = match probe_header(&bytes, &inner.cfg)? {
             Some(dims) if inner.cfg.orientation == Orientation::Stored => dims,
             _ => self.probe_off_thread(bytes).await?,
         };
-        let info = ImageInfo { digest, width, height, format, bytes: len, source: Source::Http };
+        let info = ImageInfo { digest, width, height, format, bytes: len, source: Source::Http, transposed };
         inner.cache.insert(url, info.clone());
         Ok(info)
     }

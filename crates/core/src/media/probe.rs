@@ -121,6 +121,14 @@ fn decode_dims(bytes: &[u8], format: ImageFormat, cfg: &MediaConfig) -> Result<(
     Ok((img.width(), img.height()))
 }
 
+/// True when `bytes` (an image, or its first bytes) carry an EXIF orientation that transposes it.
+pub(crate) fn transposes(bytes: &[u8], cfg: &MediaConfig) -> bool {
+    match format_of(bytes) {
+        Ok(Some((_, format))) => swaps_axes(bytes, format, cfg),
+        _ => false,
+    }
+}
+
 /// True when the EXIF orientation is one of the four that transpose the image (5–8).
 fn swaps_axes(bytes: &[u8], format: ImageFormat, cfg: &MediaConfig) -> bool {
     use image::metadata::Orientation as O;

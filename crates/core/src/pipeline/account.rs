@@ -43,6 +43,7 @@ impl Accounting<'_> {
         if counts.len() != infos.len() {
             return Err("placeholder_mismatch");
         }
+        check_transposed(counter.as_ref(), &infos, &counts, &ctx)?;
         let trust = self.trust_client_uuids;
         infos
             .into_iter()
@@ -51,6 +52,23 @@ impl Accounting<'_> {
             .map(|((info, tokens), part)| Accounted::new(info, tokens, part, trust))
             .collect()
     }
+}
+
+/// An image flagged as transposed (Mistral tokenizer mode only) must give the same run at either
+/// orientation: mistral_common sizes it as stored, vLLM's own processor as EXIF shows it.
+fn check_transposed(
+    counter: &dyn ImageCounter,
+    infos: &[ImageInfo],
+    counts: &[ImageTokens],
+    ctx: &RequestContext,
+) -> Result<(), Fallback> {
+    for (info, count) in infos.iter().zip(counts).filter(|(i, _)| i.transposed) {
+        let turned = counter.count_request(&[(info.height, info.width)], ctx, None).map_err(|e| e.label())?;
+        if turned.first() != Some(count) {
+            return Err(AccountingError::ExifTransposed { width: info.width, height: info.height }.label());
+        }
+    }
+    Ok(())
 }
 
 /// How an accounted image enters the prompt.

@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::accounting::AccountingError;
+use crate::accounting::{AccountingError, Counter};
 use crate::media::MediaConfig;
 use crate::model::ModelSpec;
 use crate::plan::{self, ChatTokens, PlanError};
@@ -71,12 +71,19 @@ impl Pipeline {
     pub fn new(cfg: &PipelineConfig) -> Result<Pipeline, LoadError> {
         let m = &cfg.model;
         let prompt_err = |source| LoadError::Prompt { model: m.source.label(), source };
-        let mut model = m.source.load_prompt().map_err(prompt_err)?;
+        let mut model = m.source.load_prompt_as(m.tokenizer_mode).map_err(prompt_err)?;
         if m.chat_template.is_some() || m.content_format.is_some() {
             model = model.with_overrides(m.chat_template.as_deref(), m.content_format).map_err(prompt_err)?;
         }
-        let counter =
-            m.source.load_counter(m.family, &m.processor_kwargs).map(|c| Arc::new(c) as Arc<dyn ImageCounter>);
+        let counter = match model.is_mistral() {
+            // mistral_common sizes images from `tekken.json`, not from HF processor files.
+            true => match model.mistral_image_config() {
+                Some(c) => Counter::for_tekken(c.image_patch_size, c.max_image_size, c.spatial_merge_size),
+                None => Err(AccountingError::UnsupportedModel { detail: "tekken.json has no image section".into() }),
+            },
+            false => m.source.load_counter(m.family, &m.processor_kwargs),
+        };
+        let counter = counter.map(|c| Arc::new(c) as Arc<dyn ImageCounter>);
         Self::with_counter(cfg, model, counter)
     }
 
@@ -91,6 +98,7 @@ impl Pipeline {
             tracing::warn!("image accounting unavailable for model '{}': {e}; requests with images will route on their text prefix", m.source.label());
         }
         let placeholder = counter.as_ref().ok().map(|c| c.placeholder().to_owned());
+        let media = MediaConfig { report_transposed: model.is_mistral(), ..cfg.media.clone() };
         Ok(Pipeline {
             model: Arc::new(model),
             counter,
@@ -102,7 +110,7 @@ impl Pipeline {
             max_model_len: m.max_model_len,
             max_prompt_bytes: m.max_prompt_bytes,
             max_prompt_tokens: m.max_prompt_tokens,
-            reader: ImageReader::new(&cfg.media, m.exact_accounting)?,
+            reader: ImageReader::new(&media, m.exact_accounting)?,
             trust_client_uuids: cfg.media.trust_client_uuids,
         })
     }
@@ -199,9 +207,7 @@ impl Pipeline {
         match self.placeholder.as_deref() {
             Some(p) => plan::tokenize_chat(&self.model, req, p, &opts),
             None => {
-                let text = self.model.render_chat(req, &opts)?;
-                plan::check_prompt_bytes(text.len(), opts.max_prompt_bytes)?;
-                let ids = plan::encode_rendered(&self.model, req, &text)?;
+                let (text, ids) = plan::chat_ids(&self.model, req, &opts)?;
                 Ok(ChatTokens { ids, placeholders: Vec::new(), text })
             }
         }

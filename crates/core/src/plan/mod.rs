@@ -9,7 +9,7 @@
 use serde_json::Value as Json;
 
 use crate::accounting::{RunPart, TextExpansion};
-use crate::prompt::{PromptError, PromptModel, RenderOptions};
+use crate::prompt::{ChatIdsError, PromptError, PromptModel, RenderOptions};
 use crate::request::Request;
 
 pub use crate::keys::{block_keys, seed, ImageSpan};
@@ -77,9 +77,7 @@ pub fn tokenize_chat(
         None if request.images.is_empty() => None,
         None => return Err(PlanError::PlaceholderNotAToken(placeholder.to_owned())),
     };
-    let text = model.render_chat(request, opts)?;
-    check_prompt_bytes(text.len(), opts.max_prompt_bytes)?;
-    let ids = encode_rendered(model, request, &text)?;
+    let (text, ids) = chat_ids(model, request, opts)?;
     let placeholders =
         ids.iter().enumerate().filter_map(|(i, &id)| (Some(id) == placeholder_id).then_some(i)).collect();
     Ok(ChatTokens { ids, placeholders, text })
@@ -94,12 +92,16 @@ pub(crate) fn check_prompt_bytes(size: usize, limit: Option<usize>) -> Result<()
     }
 }
 
-/// The ids of a rendered chat: vLLM adds no special tokens unless the request asks
-/// (`add_special_tokens`).
-pub(crate) fn encode_rendered(model: &PromptModel, request: &Request<'_>, text: &str) -> Result<Vec<u32>, PlanError> {
-    Ok(match request.field("add_special_tokens") {
-        Some(Json::Bool(true)) => model.encode_with(text, true)?,
-        _ => model.encode(text)?,
+/// The rendered chat and its ids (vLLM adds no special tokens unless the request asks,
+/// `add_special_tokens`); text over `max_prompt_bytes` is refused before it is tokenized.
+pub(crate) fn chat_ids(
+    model: &PromptModel,
+    request: &Request<'_>,
+    opts: &RenderOptions<'_>,
+) -> Result<(String, Vec<u32>), PlanError> {
+    model.chat_ids(request, opts).map_err(|e| match e {
+        ChatIdsError::Prompt(e) => PlanError::Prompt(e),
+        ChatIdsError::TooLong { size, limit } => PlanError::PromptTooLong { unit: "bytes", size, limit },
     })
 }
 

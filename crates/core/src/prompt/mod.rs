@@ -9,6 +9,7 @@ mod conversation;
 mod env;
 mod error;
 mod format;
+mod mistral;
 mod pyjson;
 mod segments;
 
@@ -51,6 +52,9 @@ const FORBIDDEN_KWARGS: [&str; 3] = ["chat_template", "messages", "conversation"
 #[derive(Clone)]
 pub struct PromptModel {
     inner: Arc<Inner>,
+    /// Mistral tokenizer mode: the ids come from `tekken.json` through [`mistral`]; `inner` then has
+    /// no template and an empty tokenizer, and every method below asks this first.
+    mistral: Option<Arc<mistral::MistralModel>>,
 }
 
 struct Inner {
@@ -223,6 +227,7 @@ impl PromptModel {
                 special_tokens: special_tokens(config),
                 forced_format: None,
             }),
+            mistral: None,
         })
     }
 
@@ -233,6 +238,9 @@ impl PromptModel {
         template: Option<&str>,
         format: Option<ContentFormat>,
     ) -> Result<PromptModel, PromptError> {
+        if self.mistral.is_some() && template.is_some() {
+            return Err(PromptError::TemplateFailed("a chat template cannot apply in Mistral tokenizer mode".into()));
+        }
         let mut templates: Vec<(String, String)> = Vec::new();
         for info in &self.inner.templates {
             let source = self.inner.env.get_template(&info.name).map(|t| t.source().to_owned());
@@ -257,6 +265,7 @@ impl PromptModel {
                 special_tokens: inner.special_tokens.clone(),
                 forced_format: format,
             }),
+            mistral: self.mistral.clone(),
         })
     }
 
@@ -267,6 +276,9 @@ impl PromptModel {
     /// `add_generation_prompt`, the special tokens, and `chat_template_kwargs` merged with the request's
     /// top-level `add_generation_prompt`, `continue_final_message`, `documents` and `reasoning_effort`).
     pub fn render_chat(&self, request: &Request<'_>, opts: &RenderOptions<'_>) -> Result<String, PromptError> {
+        if let Some(m) = &self.mistral {
+            return m.encode_chat(request).map(|(text, _)| text);
+        }
         let kwargs = TemplateKwargs::from_request(request)?;
         let info = self.resolve_template(kwargs.tools.is_none())?;
         let shape = conversation::Shape {
@@ -313,6 +325,9 @@ impl PromptModel {
     /// Token ids the tokenizer can produce are below this: its largest id, added tokens included, plus
     /// one (ids may have gaps, so this is not the vocabulary's size). Walks the vocabulary: call once.
     pub fn vocab_size(&self) -> u32 {
+        if let Some(m) = &self.mistral {
+            return m.vocab_size();
+        }
         let max = self.inner.tokenizer.get_vocab(true).into_values().max();
         max.map_or(0, |m| m.saturating_add(1))
     }
@@ -320,6 +335,9 @@ impl PromptModel {
     /// Token ids of `text`, adding no special tokens (the template already has them), as vLLM
     /// tokenizes a rendered chat.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        if let Some(m) = &self.mistral {
+            return m.encode(text);
+        }
         self.inner.segments.encode(&self.inner.tokenizer, text).map_err(|e| PromptError::TokenizeFailed(e.to_string()))
     }
 
@@ -343,6 +361,7 @@ impl PromptModel {
                 special_tokens: inner.special_tokens.clone(),
                 forced_format: inner.forced_format,
             }),
+            mistral: self.mistral.clone(),
         }
     }
 
@@ -354,6 +373,12 @@ impl PromptModel {
 
     /// Token ids with the tokenizer's post-processor specials (e.g. BOS) when `add_special`.
     pub(crate) fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>, PromptError> {
+        if let Some(m) = &self.mistral {
+            // mistral_common's `encode(text, bos=add_special, eos=False)`.
+            let mut ids = if add_special { vec![m.bos()] } else { Vec::new() };
+            ids.extend(m.encode(text)?);
+            return Ok(ids);
+        }
         if add_special && self.inner.specials_inert {
             // The post-processor adds nothing (Qwen's `ByteLevel`): the ids `encode` gives.
             return self.encode(text);
@@ -367,7 +392,73 @@ impl PromptModel {
 
     /// The id of a token given by its literal text (e.g. "<|image_pad|>"), if it is one token.
     pub fn token_id(&self, literal: &str) -> Option<u32> {
-        self.inner.tokenizer.token_to_id(literal)
+        match &self.mistral {
+            Some(m) => m.special_id(literal),
+            None => self.inner.tokenizer.token_to_id(literal),
+        }
+    }
+
+    /// The chat's rendering and ids: the template's text tokenized, or in Mistral tokenizer mode the ids
+    /// mistral_common builds (one `[IMG]` per image) with a readable rendering.
+    pub(crate) fn chat_ids(
+        &self,
+        request: &Request<'_>,
+        opts: &RenderOptions<'_>,
+    ) -> Result<(String, Vec<u32>), ChatIdsError> {
+        let too_long = |text: &str| match opts.max_prompt_bytes.filter(|&l| text.len() > l) {
+            Some(limit) => Err(ChatIdsError::TooLong { size: text.len(), limit }),
+            None => Ok(()),
+        };
+        if let Some(m) = &self.mistral {
+            let (text, ids) = m.encode_chat(request)?;
+            too_long(&text)?;
+            return Ok((text, ids));
+        }
+        let text = self.render_chat(request, opts)?;
+        too_long(&text)?;
+        let ids = match request.field("add_special_tokens") {
+            Some(Json::Bool(true)) => self.encode_with(&text, true)?,
+            _ => self.encode(&text)?,
+        };
+        Ok((text, ids))
+    }
+
+    /// Loads a Mistral-format directory (`tekken.json`, or `tekken.json.gz`) for vLLM's
+    /// `--tokenizer-mode mistral`.
+    pub fn from_mistral_dir(dir: &Path) -> Result<PromptModel, PromptError> {
+        let load_err =
+            |detail: String| PromptError::ModelLoadFailed { source_name: dir.join("tekken.json").display().to_string(), detail };
+        let bytes = read_maybe_gz(dir, "tekken.json").map_err(load_err)?;
+        let bytes = bytes.ok_or_else(|| load_err("neither tekken.json nor tekken.json.gz".into()))?;
+        let mistral = mistral::MistralModel::from_json(&bytes).map_err(load_err)?;
+        let tokenizer = Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        let mut model = PromptModel::build(tokenizer, None, &Json::Null, Vec::new()).map_err(load_err)?;
+        model.mistral = Some(Arc::new(mistral));
+        Ok(model)
+    }
+
+    /// In Mistral tokenizer mode, the image geometry `tekken.json` declares (`None` otherwise, or when
+    /// it declares none).
+    pub fn mistral_image_config(&self) -> Option<mmrouter_tokenize::TekkenImageConfig> {
+        self.mistral.as_ref().and_then(|m| m.image_config())
+    }
+
+    pub fn is_mistral(&self) -> bool {
+        self.mistral.is_some()
+    }
+}
+
+/// Why [`PromptModel::chat_ids`] gave no ids.
+#[derive(Debug)]
+pub(crate) enum ChatIdsError {
+    Prompt(PromptError),
+    /// The rendered text is over `max_prompt_bytes` (not tokenized).
+    TooLong { size: usize, limit: usize },
+}
+
+impl From<PromptError> for ChatIdsError {
+    fn from(e: PromptError) -> Self {
+        ChatIdsError::Prompt(e)
     }
 }
 

@@ -66,10 +66,16 @@ fn plan(rt: &tokio::runtime::Runtime, p: &Pipeline, body: &[u8]) -> Planned {
 
 /// Checks every chat of `expected/vllm/<family>.json` against the pipeline; returns how many were exact.
 fn check_family(family: &str, p: &Pipeline) -> usize {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let expected = read_json(parity_dir().join("expected").join("vllm").join(format!("{family}.json")));
+    check_expected(family, &expected, &corpus_names(), &body, p)
+}
+
+/// Checks each chat of `expected` (whose names must be `names`, in order: else the file is stale)
+/// against the pipeline, the request bodies from `body`; returns how many were exact.
+fn check_expected(family: &str, expected: &Value, names_want: &[String], body: &dyn Fn(&str) -> Vec<u8>, p: &Pipeline) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let chats = expected["chats"].as_array().unwrap();
-    assert_eq!(names(chats), corpus_names(), "{family}: expected ids are stale; rerun tools/oracle.py");
+    assert_eq!(names(chats), names_want, "{family}: expected ids are stale; rerun the oracle");
     let mut failures = Vec::new();
     let mut exact = 0;
     for chat in chats {
@@ -174,6 +180,57 @@ fn llama4_is_token_exact() {
 fn internvl3_is_token_exact() {
     let dir = parity_dir().join("models").join("internvl3");
     assert_eq!(check_family("internvl3", &pipeline(ModelSource::Dir(dir))), 46);
+}
+
+/// The Mistral corpus: the parity chats, then `mistral/chats_extra.json` (tool ids, role orders).
+fn mistral_chats() -> Vec<Value> {
+    let mut chats = read_json(parity_dir().join("chats.json"))["chats"].as_array().unwrap().clone();
+    chats.extend(read_json(parity_dir().join("mistral").join("chats_extra.json"))["chats"].as_array().unwrap().clone());
+    chats
+}
+
+fn mistral_body(name: &str) -> Vec<u8> {
+    let chats = mistral_chats();
+    let chat = chats.iter().find(|c| c["name"] == name).expect("chat in the Mistral corpus");
+    let mut request = chat["request"].clone();
+    inline_assets(&mut request);
+    serde_json::to_vec(&request).unwrap()
+}
+
+/// A Mistral-format directory holding `tekken.json` as the oracle served it: mistral_common's
+/// `tekken_240911.json`, with `meta.tokenizer`'s version and image section where they differ.
+fn mistral_dir(expected: &Value) -> tempfile::TempDir {
+    let gz = std::fs::read(parity_dir().join("mistral").join("tekken_240911.json.gz")).unwrap();
+    let mut json = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json).unwrap();
+    let meta = &expected["meta"]["tokenizer"];
+    let dir = tempfile::tempdir().unwrap();
+    if meta.get("reconstructed").is_some() {
+        let mut tekken: Value = serde_json::from_slice(&json).unwrap();
+        tekken["config"]["version"] = meta["config"]["version"].clone();
+        tekken["image"] = meta["image"].clone();
+        json = serde_json::to_vec(&tekken).unwrap();
+    }
+    std::fs::write(dir.path().join("tekken.json"), json).unwrap();
+    dir
+}
+
+fn check_mistral(family: &str) -> usize {
+    let expected = read_json(parity_dir().join("mistral").join("expected").join(format!("{family}.json")));
+    let dir = mistral_dir(&expected);
+    // No tokenizer.json beside tekken.json: `auto` resolves to Mistral mode, as vLLM serves it.
+    let p = pipeline(ModelSource::Dir(dir.path().to_path_buf()));
+    check_expected(family, &expected, &names(&mistral_chats()), &mistral_body, &p)
+}
+
+#[test]
+fn pixtral_12b_mistral_mode_is_token_exact() {
+    assert_eq!(check_mistral("pixtral_12b"), 52);
+}
+
+#[test]
+fn mistral_small_3_1_mistral_mode_is_token_exact() {
+    assert_eq!(check_mistral("mistral_small_3_1"), 53);
 }
 
 /// The bundled profiles carry the checkpoints' published templates (the fixture copies, with provenance).
