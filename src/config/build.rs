@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mmrouter_core::accounting::Family;
 use mmrouter_core::media::MediaConfig;
-use mmrouter_core::model::{ModelSource, ModelSpec};
+use mmrouter_core::model::{ModelSource, ModelSpec, TokenizerMode};
 use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
@@ -239,6 +239,8 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         "openai" => Some(ContentFormat::OpenAi),
         other => anyhow::bail!("model.chat_template_content_format: '{other}' is not auto, string or openai"),
     };
+    let tokenizer_mode =
+        TokenizerMode::parse(&m.tokenizer_mode).map_err(|e| anyhow::anyhow!("model.tokenizer_mode: {e}"))?;
     let chat_template = match &m.chat_template {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -249,6 +251,7 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
     Ok(ModelSpec {
         chat_template,
         content_format,
+        tokenizer_mode,
         name: m.name.clone().unwrap_or_else(|| m.dir.clone()),
         source,
         family,

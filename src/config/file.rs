@@ -186,6 +186,9 @@ pub struct ModelSection {
     /// The workers' `--chat-template-content-format`: `auto` (detected per template, vLLM's default),
     /// `string` or `openai`.
     pub chat_template_content_format: String,
+    /// The workers' `--tokenizer-mode`: `auto` (vLLM's: `mistral` for a directory with `tekken.json`
+    /// and consolidated weights, or `tekken.json` and no `tokenizer.json`), `hf` or `mistral`.
+    pub tokenizer_mode: String,
     /// Largest rendered prompt in bytes, checked before tokenizing; above it: 400 `prompt_too_long`.
     pub max_prompt_bytes: usize,
     /// Largest prompt in tokens (text and image tokens); above it: 400 `prompt_too_long`.
@@ -207,6 +210,7 @@ impl Default for ModelSection {
             max_model_len: None,
             chat_template: None,
             chat_template_content_format: "auto".into(),
+            tokenizer_mode: "auto".into(),
             max_prompt_bytes: spec.max_prompt_bytes,
             max_prompt_tokens: spec.max_prompt_tokens,
         }
