@@ -95,7 +95,15 @@ mod tests {
     use crate::media::image::Source;
 
     fn info(n: u8) -> ImageInfo {
-        ImageInfo { digest: ImageDigest([n; 32]), width: 1, height: 1, format: "png", bytes: 1, source: Source::Http, transposed: false }
+        ImageInfo {
+            digest: ImageDigest([n; 32]),
+            width: 1,
+            height: 1,
+            format: "png",
+            bytes: 1,
+            source: Source::Http,
+            transposed: false,
+        }
     }
 
     #[test]

@@ -127,7 +127,11 @@ impl MistralModel {
             match m.role {
                 Role::User => {
                     let last = Some(i) == last_user;
-                    out.user(m, last.then_some(tools.as_deref()).flatten(), last.then_some(system.as_deref()).flatten())?
+                    out.user(
+                        m,
+                        last.then_some(tools.as_deref()).flatten(),
+                        last.then_some(system.as_deref()).flatten(),
+                    )?
                 }
                 Role::System => out.system(m)?,
                 Role::Assistant => out.assistant(m)?,
@@ -236,9 +240,10 @@ fn convert(i: usize, m: &Message) -> Result<Msg, PromptError> {
         }
     }
     if role == Role::Tool {
-        let id = m.get("tool_call_id").and_then(Json::as_str).ok_or_else(|| {
-            invalid(format!("messages[{i}].tool_call_id must be a string"))
-        })?;
+        let id = m
+            .get("tool_call_id")
+            .and_then(Json::as_str)
+            .ok_or_else(|| invalid(format!("messages[{i}].tool_call_id must be a string")))?;
         msg.call_id = Some(call_id(i, id)?);
     }
     Ok(msg)
@@ -294,10 +299,13 @@ fn tool_calls(i: usize, calls: &Json) -> Result<Vec<Call>, PromptError> {
     calls
         .iter()
         .map(|call| {
-            let f = call.get("function").ok_or_else(|| invalid(format!("messages[{i}]: tool call without function")))?;
+            let f =
+                call.get("function").ok_or_else(|| invalid(format!("messages[{i}]: tool call without function")))?;
             let name = f.get("name").and_then(Json::as_str).filter(|n| valid_name(n));
-            let name = name.ok_or_else(|| invalid(format!("messages[{i}]: tool call name must match [a-zA-Z0-9_-]{{1,64}}")))?;
-            let id = call.get("id").and_then(Json::as_str).ok_or_else(|| invalid(format!("messages[{i}]: tool call id")))?;
+            let name =
+                name.ok_or_else(|| invalid(format!("messages[{i}]: tool call name must match [a-zA-Z0-9_-]{{1,64}}")))?;
+            let id =
+                call.get("id").and_then(Json::as_str).ok_or_else(|| invalid(format!("messages[{i}]: tool call id")))?;
             Ok(Call { name: name.to_owned(), arguments: arguments(f.get("arguments")), id: call_id(i, id)? })
         })
         .collect()
@@ -321,7 +329,9 @@ fn apply_continue(msgs: &mut [Msg], continue_final: bool) -> Result<(), PromptEr
     match (last.role == Role::Assistant, continue_final) {
         (true, true) => last.prefix = true,
         (false, true) => return Err(invalid("continue_final_message needs a final assistant message")),
-        (true, false) => return Err(invalid("the last message must be user or tool (or assistant with continue_final_message)")),
+        (true, false) => {
+            return Err(invalid("the last message must be user or tool (or assistant with continue_final_message)"))
+        }
         (false, false) => {}
     }
     Ok(())
@@ -371,10 +381,11 @@ fn validate(msgs: &[Msg], version: Version) -> Result<(), PromptError> {
         return Err(invalid("a single message must be a user or system message"));
     }
     let last = msgs.last().ok_or_else(|| invalid("messages is empty"))?;
-    if !(matches!(last.role, Role::User | Role::Tool) || (last.role == Role::Assistant && last.prefix)) {
-        if !(msgs.len() == 1 && last.role == Role::System) {
-            return Err(invalid("the last message must be user or tool (or assistant with continue_final_message)"));
-        }
+    let last_ok = matches!(last.role, Role::User | Role::Tool) || (last.role == Role::Assistant && last.prefix);
+    // A lone system message passes: the single-message rule above already allows it.
+    let lone_system = msgs.len() == 1 && last.role == Role::System;
+    if !last_ok && !lone_system {
+        return Err(invalid("the last message must be user or tool (or assistant with continue_final_message)"));
     }
     let mut pending: Vec<&str> = Vec::new();
     for (i, pair) in msgs.windows(2).enumerate() {
@@ -457,7 +468,8 @@ fn normalize(msgs: Vec<Msg>, version: Version) -> (Option<String>, Vec<Msg>) {
     let texts: Vec<String> = systems.iter().map(Msg::text).filter(|t| !t.is_empty()).collect();
     let system = (!texts.is_empty()).then(|| texts.join("\n\n"));
     if rest.first().is_none_or(|m| m.role != Role::User) {
-        let empty = Msg { role: Role::User, content: Some(Vec::new()), calls: Vec::new(), call_id: None, prefix: false };
+        let empty =
+            Msg { role: Role::User, content: Some(Vec::new()), calls: Vec::new(), call_id: None, prefix: false };
         rest.insert(0, empty);
     }
     (system, rest)

@@ -426,8 +426,10 @@ impl PromptModel {
     /// Loads a Mistral-format directory (`tekken.json`, or `tekken.json.gz`) for vLLM's
     /// `--tokenizer-mode mistral`.
     pub fn from_mistral_dir(dir: &Path) -> Result<PromptModel, PromptError> {
-        let load_err =
-            |detail: String| PromptError::ModelLoadFailed { source_name: dir.join("tekken.json").display().to_string(), detail };
+        let load_err = |detail: String| PromptError::ModelLoadFailed {
+            source_name: dir.join("tekken.json").display().to_string(),
+            detail,
+        };
         let bytes = read_maybe_gz(dir, "tekken.json").map_err(load_err)?;
         let bytes = bytes.ok_or_else(|| load_err("neither tekken.json nor tekken.json.gz".into()))?;
         let mistral = mistral::MistralModel::from_json(&bytes).map_err(load_err)?;
@@ -453,7 +455,10 @@ impl PromptModel {
 pub(crate) enum ChatIdsError {
     Prompt(PromptError),
     /// The rendered text is over `max_prompt_bytes` (not tokenized).
-    TooLong { size: usize, limit: usize },
+    TooLong {
+        size: usize,
+        limit: usize,
+    },
 }
 
 impl From<PromptError> for ChatIdsError {

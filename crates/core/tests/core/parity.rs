@@ -72,7 +72,13 @@ fn check_family(family: &str, p: &Pipeline) -> usize {
 
 /// Checks each chat of `expected` (whose names must be `names`, in order: else the file is stale)
 /// against the pipeline, the request bodies from `body`; returns how many were exact.
-fn check_expected(family: &str, expected: &Value, names_want: &[String], body: &dyn Fn(&str) -> Vec<u8>, p: &Pipeline) -> usize {
+fn check_expected(
+    family: &str,
+    expected: &Value,
+    names_want: &[String],
+    body: &dyn Fn(&str) -> Vec<u8>,
+    p: &Pipeline,
+) -> usize {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let chats = expected["chats"].as_array().unwrap();
     assert_eq!(names(chats), names_want, "{family}: expected ids are stale; rerun the oracle");
