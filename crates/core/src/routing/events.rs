@@ -110,6 +110,35 @@ impl WorkerEvents {
         self.holders.clear();
     }
 
+    /// Every rank's engine hash → router key map (`None`: unmatchable), ranks in order: what a router
+    /// replica hands a starting one, so that the blocks it later sees stored on top of these, and their
+    /// removals, resolve there too.
+    pub fn export(&self) -> Vec<(u32, Vec<(u64, Option<u64>)>)> {
+        let mut ranks: Vec<_> =
+            self.ranks.iter().map(|(&rank, map)| (rank, map.iter().map(|(&h, &k)| (h, k)).collect())).collect();
+        ranks.sort_unstable_by_key(|(rank, _)| *rank);
+        ranks
+    }
+
+    /// Adds a peer's map of one rank (see [`export`](Self::export)) to this state, within the state's
+    /// bound (entries beyond it are dropped and counted as an overflow); returns the router keys of the
+    /// entries it took (the caller's index needs them as `Event` entries).
+    pub fn graft(&mut self, rank: u32, entries: &[(u64, Option<u64>)]) -> Vec<u64> {
+        let (mut ops, counts) = (EventOps::default(), self.counts);
+        let mut overflowed = false;
+        for &(hash, key) in entries {
+            if self.tracked() >= self.max_blocks {
+                overflowed = true;
+                break;
+            }
+            self.hold(rank, hash, key, &mut ops);
+        }
+        // A graft is no event of this worker's: its counters stay as they were.
+        self.counts = counts;
+        self.counts.overflows += u64::from(overflowed);
+        ops.stored
+    }
+
     /// Applies one batch; returns the index changes for this worker.
     pub fn apply(&mut self, batch: &EventBatch) -> EventOps {
         let mut ops = EventOps::default();
@@ -302,6 +331,30 @@ mod tests {
             vec![Some(vec![ExtraKey::Mm { id: "vllm-own-hash".into(), offset: 2 }, ExtraKey::Str("tenant".into())])];
         let ops = other.apply(&batch(0, vec![stored(&[21], None, tokens[..4].to_vec(), Some(wrong))]));
         assert_ne!(ops.stored[0], planned[0]);
+    }
+
+    #[test]
+    fn a_grafted_state_resolves_later_children_and_removals_like_the_original() {
+        let tokens: Vec<u64> = (0..12).collect();
+        let mut a = WorkerEvents::new("m", BS, 100);
+        let first = a.apply(&batch(1, vec![stored(&[1, 2], None, tokens[..8].to_vec(), None)]));
+        let mut b = WorkerEvents::new("m", BS, 100);
+        for (rank, entries) in a.export() {
+            let mut keys = b.graft(rank, &entries);
+            keys.sort_unstable();
+            let mut want = first.stored.clone();
+            want.sort_unstable();
+            assert_eq!((rank, keys), (1, want));
+        }
+        assert_eq!(b.counts(), EventCounts::default(), "a graft counts no event");
+        // A child stored on the grafted parent is no orphan, and gets the original's key.
+        let child = batch(1, vec![stored(&[3], Some(2), tokens[8..].to_vec(), None)]);
+        assert_eq!(b.apply(&child).stored, a.apply(&child).stored);
+        assert_eq!(b.apply(&batch(1, vec![removed(&[1])])).removed, vec![first.stored[0]]);
+        // Beyond the bound the graft stops and says so.
+        let mut small = WorkerEvents::new("m", BS, 1);
+        assert_eq!(small.graft(1, &a.export()[0].1).len(), 1);
+        assert_eq!(small.counts().overflows, 1);
     }
 
     #[test]

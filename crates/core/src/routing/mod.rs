@@ -20,6 +20,7 @@
 pub mod events;
 pub mod index;
 mod kv;
+mod link;
 mod least_loaded;
 mod load;
 mod outlier;
@@ -33,6 +34,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
+pub use link::Link;
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
 pub use worker::{Admission, Engine, LoadGuard, Worker, WorkerSpec};
@@ -236,6 +238,8 @@ pub struct Router {
     ejection: EjectionConfig,
     /// Most `Event` entries one worker may hold (`RoutingConfig::worker_share_blocks`).
     share: usize,
+    /// The cluster this router's decisions are shared with (none for a lone replica).
+    link: parking_lot::RwLock<Option<Arc<dyn Link>>>,
 }
 
 /// A validated set of worker changes for one router, holding its worker list locked until it is
@@ -301,7 +305,25 @@ impl Router {
             policy,
             share: cfg.worker_share_blocks(),
             ejection: cfg.ejection,
+            link: parking_lot::RwLock::new(None),
         })
+    }
+
+    /// Shares this router's bookings and dispatch records through `link` from now on.
+    pub fn set_link(&self, link: Arc<dyn Link>) {
+        *self.link.write() = Some(link);
+    }
+
+    /// Another replica recorded `blocks` for `worker` at dispatch (see [`Router::record_prompt`]).
+    pub fn apply_remote_dispatch(&self, worker: usize, blocks: &[u64], source: Source) {
+        if source != Source::Event {
+            self.index.record(worker, blocks, source);
+        }
+    }
+
+    /// The index, for a snapshot or a graft (`index::BlockIndex::export_chunk`, `graft`).
+    pub fn index(&self) -> &BlockIndex {
+        &self.index
     }
 
     /// Most `Event` entries one worker may hold in the index: a worker's event state never needs to
@@ -429,7 +451,7 @@ impl Router {
         }
         let overlap_sources = self.index.probe_detail(req.blocks, workers.len());
         let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
-        let inflight: Vec<InFlight> = workers.iter().map(|w| w.inflight()).collect();
+        let inflight: Vec<InFlight> = workers.iter().map(|w| w.total_inflight()).collect();
         let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
         let candidates =
             Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight, room: &room };
@@ -442,7 +464,15 @@ impl Router {
 
     /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
     pub fn begin(&self, worker: usize, load: Load) -> LoadGuard {
-        LoadGuard::hold(self.worker(worker), load)
+        let w = self.worker(worker);
+        let link = self.link.read().clone();
+        // Booked before the guard exists, so the booking leaves before the request is dispatched.
+        let booking = link.as_ref().map(|l| l.book(&w, load));
+        let guard = LoadGuard::hold(w, load);
+        match (link, booking) {
+            (Some(link), Some(id)) => guard.booked(link, id),
+            _ => guard,
+        }
     }
 
     /// Remembers that `worker` was sent a prompt with `blocks` (call at dispatch): `Pending` if the
@@ -467,6 +497,13 @@ impl Router {
         let (confirmed, guessed) = blocks.split_at(confirmable);
         self.index.record(worker, confirmed, Source::Pending);
         self.index.record(worker, guessed, Source::Approximate);
+        if let Some(link) = self.link.read().as_ref() {
+            for (part, source) in [(confirmed, Source::Pending), (guessed, Source::Approximate)] {
+                if !part.is_empty() {
+                    link.dispatched(&w, part, source);
+                }
+            }
+        }
     }
 
     /// `worker`'s event feed announced `keys` (one `BlockStored`, in chain order). Keys beyond the
@@ -619,6 +656,60 @@ mod tests {
 
     fn specs(names: &[&str]) -> Vec<WorkerSpec> {
         names.iter().map(|n| WorkerSpec::new(*n, "http://127.0.0.1:1")).collect()
+    }
+
+    /// Records what a router tells its cluster.
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<String>>);
+
+    impl Link for Recorder {
+        fn book(&self, worker: &Worker, load: Load) -> u64 {
+            let mut log = self.0.lock().unwrap();
+            log.push(format!("book {} {}", worker.name(), load.prefill_tokens));
+            log.len() as u64
+        }
+        fn first_byte(&self, booking: u64) {
+            self.0.lock().unwrap().push(format!("first_byte {booking}"));
+        }
+        fn finish(&self, booking: u64) {
+            self.0.lock().unwrap().push(format!("finish {booking}"));
+        }
+        fn dispatched(&self, worker: &Worker, blocks: &[u64], source: Source) {
+            self.0.lock().unwrap().push(format!("dispatched {} {} {source:?}", worker.name(), blocks.len()));
+        }
+    }
+
+    #[test]
+    fn a_linked_router_books_before_it_holds_and_shares_its_dispatch_records() {
+        let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
+        let link = Arc::new(Recorder::default());
+        r.set_link(link.clone());
+        let mut g = r.begin(1, Load { prefill_tokens: 40, decode_tokens: 8, image_tokens: 0 });
+        r.record(1, &[1, 2, 3]);
+        g.first_byte();
+        g.first_byte();
+        drop(g);
+        let log = link.0.lock().unwrap().clone();
+        assert_eq!(log, ["book b 40", "dispatched b 3 Approximate", "first_byte 1", "finish 1"]);
+    }
+
+    #[test]
+    fn other_replicas_bookings_weigh_in_selection_and_their_records_enter_the_index() {
+        let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
+        let blocks = [11u64, 12, 13, 14];
+        let req = SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0 };
+        // Another replica sent this prompt to b: b now holds it here too.
+        r.apply_remote_dispatch(1, &blocks, Source::Approximate);
+        assert_eq!(r.select(&req).unwrap().worker(), 1);
+        // ...but b is busy with that replica's requests: a wins despite the miss.
+        let heavy = Load { prefill_tokens: 5000, decode_tokens: 0, image_tokens: 0 };
+        r.worker(1).add_remote(heavy);
+        assert_eq!(r.worker(1).inflight(), InFlight::default(), "remote load is not this replica's own");
+        assert_eq!(r.select(&req).unwrap().worker(), 0);
+        r.worker(1).release_remote(heavy, 1);
+        r.worker(1).release_remote(heavy, 1); // a doubled release saturates
+        assert_eq!(r.worker(1).remote_inflight(), InFlight::default());
+        assert_eq!(r.select(&req).unwrap().worker(), 1);
     }
 
     #[test]

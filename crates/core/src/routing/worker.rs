@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use super::outlier::{Availability, Outlier};
 
+use super::link::Link;
 use super::load::{InFlight, Load, LoadCounters};
 
 /// What the configuration says about a worker.
@@ -64,6 +65,8 @@ pub struct Worker {
     /// Event blocks the index refused: the worker already held its share of the index.
     index_refused: AtomicU64,
     pub(crate) load: LoadCounters,
+    /// Other replicas' bookings on this worker (see `super::link`).
+    remote: LoadCounters,
     cache: CacheRoom,
 }
 
@@ -88,6 +91,7 @@ impl Worker {
             removed: AtomicBool::new(false),
             index_refused: AtomicU64::new(0),
             load: LoadCounters::default(),
+            remote: LoadCounters::default(),
             cache: CacheRoom::default(),
         }
     }
@@ -188,9 +192,44 @@ impl Worker {
         self.index_refused.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The load currently held on this worker.
+    /// The load this replica's requests hold on this worker.
     pub fn inflight(&self) -> InFlight {
         self.load.snapshot()
+    }
+
+    /// The load other replicas' bookings hold on this worker (0 without a cluster).
+    pub fn remote_inflight(&self) -> InFlight {
+        self.remote.snapshot()
+    }
+
+    /// What selection weighs: this replica's load and the other replicas'.
+    pub fn total_inflight(&self) -> InFlight {
+        let (l, r) = (self.inflight(), self.remote_inflight());
+        InFlight {
+            requests: l.requests + r.requests,
+            prefill_tokens: l.prefill_tokens + r.prefill_tokens,
+            decode_tokens: l.decode_tokens + r.decode_tokens,
+            image_tokens: l.image_tokens + r.image_tokens,
+        }
+    }
+
+    /// Another replica booked one request with `load` here.
+    pub fn add_remote(&self, load: Load) {
+        let c = &self.remote;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.prefill.fetch_add(u64::from(load.prefill_tokens), Ordering::Relaxed);
+        c.decode.fetch_add(u64::from(load.decode_tokens), Ordering::Relaxed);
+        c.image.fetch_add(u64::from(load.image_tokens), Ordering::Relaxed);
+    }
+
+    /// Releases `load` and `requests` of another replica's bookings (its first byte: the prefill
+    /// only; its end or expiry: the rest). Saturating: a message lost or doubled never wraps.
+    pub fn release_remote(&self, load: Load, requests: u64) {
+        let c = &self.remote;
+        release_saturating(&c.requests, requests);
+        release_saturating(&c.prefill, u64::from(load.prefill_tokens));
+        release_saturating(&c.decode, u64::from(load.decode_tokens));
+        release_saturating(&c.image, u64::from(load.image_tokens));
     }
 
     /// True once an exact-routed request with images was dispatched here (the image-token gauge is
@@ -239,6 +278,8 @@ pub struct LoadGuard {
     decode: u64,
     image: u64,
     released: bool,
+    /// The cluster link this request was booked on, and its booking id.
+    booking: Option<(Arc<dyn Link>, u64)>,
 }
 
 impl std::fmt::Debug for LoadGuard {
@@ -262,6 +303,14 @@ fn release(counter: &AtomicU64, amount: u64) {
     debug_assert!(prev.is_ok_and(|v| v >= amount), "load released more than it held");
 }
 
+/// Subtracts what another replica said it released; unlike [`release`] it may be told more than is
+/// held (a lost or doubled message), so it saturates by design.
+fn release_saturating(counter: &AtomicU64, amount: u64) {
+    if amount > 0 {
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(amount)));
+    }
+}
+
 impl LoadGuard {
     /// Adds `load` (and one request) to `worker` until the guard drops.
     pub(crate) fn hold(worker: Arc<Worker>, load: Load) -> LoadGuard {
@@ -275,7 +324,13 @@ impl LoadGuard {
             c.image.fetch_add(image, Ordering::Relaxed);
             c.carried_images.store(true, Ordering::Relaxed);
         }
-        LoadGuard { worker, prefill, decode, image, released: false }
+        LoadGuard { worker, prefill, decode, image, released: false, booking: None }
+    }
+
+    /// Tells `link` this guard's first byte and end (the guard was booked there as `booking`).
+    pub(crate) fn booked(mut self, link: Arc<dyn Link>, booking: u64) -> LoadGuard {
+        self.booking = Some((link, booking));
+        self
     }
 
     /// The worker this guard holds load on.
@@ -285,6 +340,11 @@ impl LoadGuard {
 
     /// The first response byte arrived: the prompt is computed, release the prefill tokens. Idempotent.
     pub fn first_byte(&mut self) {
+        if self.prefill > 0 {
+            if let Some((link, id)) = &self.booking {
+                link.first_byte(*id);
+            }
+        }
         release(&self.worker.load.prefill, self.prefill);
         self.prefill = 0;
     }
@@ -300,6 +360,9 @@ impl Drop for LoadGuard {
         release(&c.requests, 1);
         release(&c.decode, self.decode);
         release(&c.image, self.image);
+        if let Some((link, id)) = self.booking.take() {
+            link.finish(id);
+        }
     }
 }
 

@@ -92,6 +92,10 @@ pub struct FeedConfig {
     /// Emit [`ResetReason::Reconnect`] on the first message after a lost connection (see
     /// [`ResetReason::Reconnect`]). Default `true`.
     pub reset_on_reconnect: bool,
+    /// Hold live batches (within the replay buffer's bounds) until [`FeedHandle::resume`] says where
+    /// the consumer's state stands: a router replica grafting a peer's snapshot subscribes first and
+    /// learns the sequence its state reflects later. Default `false`.
+    pub hold_until_resumed: bool,
 }
 
 impl FeedConfig {
@@ -113,6 +117,7 @@ impl FeedConfig {
             max_message_bytes: 16 << 20,
             max_frames: 8,
             reset_on_reconnect: true,
+            hold_until_resumed: false,
         }
     }
 
@@ -288,6 +293,9 @@ pub enum FeedEvent {
         /// Whether it came from the replay endpoint rather than the live stream.
         replayed: bool,
     },
+    /// The sync [`FeedHandle::resume`] asked for is over: every batch the engine could still replay
+    /// has been delivered before this (or the replay failed, counted in [`FeedStats::replay_failures`]).
+    Synced,
     /// Drop all state for this publisher; what follows starts afresh.
     Reset {
         /// Why.
@@ -445,6 +453,7 @@ pub struct FeedHandle {
     task: JoinHandle<()>,
     counters: Arc<Counters>,
     config: Arc<FeedConfig>,
+    resume: Mutex<Option<tokio::sync::oneshot::Sender<Option<u64>>>>,
 }
 
 impl FeedHandle {
@@ -456,6 +465,17 @@ impl FeedHandle {
     /// The configuration the feed runs with.
     pub fn config(&self) -> &FeedConfig {
         &self.config
+    }
+
+    /// For a feed started with [`FeedConfig::hold_until_resumed`]: the consumer's state reflects every
+    /// batch up to `after` (`None`: none). The feed replays from the next seq (from 0: everything the
+    /// engine's ring still holds), then delivers what it held and follows live, and reports
+    /// [`FeedEvent::Synced`] when that replay is over. Without a replay endpoint the held batches are
+    /// delivered as live ones. Later calls, and calls on a feed that does not hold, do nothing.
+    pub fn resume(&self, after: Option<u64>) {
+        if let Some(tx) = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(after);
+        }
     }
 
     /// Whether the task has ended (it ends when the event receiver is dropped).
@@ -485,8 +505,15 @@ pub fn spawn_feed(config: FeedConfig) -> Result<(FeedHandle, mpsc::Receiver<Feed
     let (tx, rx) = mpsc::channel(config.channel_capacity);
     let counters = Arc::new(Counters::new());
     let config = Arc::new(config);
-    let task = tokio::spawn(task::run(config.clone(), counters.clone(), tx));
-    Ok((FeedHandle { task, counters, config }, rx))
+    let (resume_tx, resume_rx) = match config.hold_until_resumed {
+        true => {
+            let (t, r) = tokio::sync::oneshot::channel();
+            (Some(t), Some(r))
+        }
+        false => (None, None),
+    };
+    let task = tokio::spawn(task::run(config.clone(), counters.clone(), tx, resume_rx));
+    Ok((FeedHandle { task, counters, config, resume: Mutex::new(resume_tx) }, rx))
 }
 
 #[cfg(test)]

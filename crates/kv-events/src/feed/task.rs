@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::log_limit::{self, LogLimit};
@@ -44,9 +44,16 @@ struct Feed {
     replay_tx: mpsc::Sender<(u64, ReplayMsg)>,
     replay_rx: mpsc::Receiver<(u64, ReplayMsg)>,
     log_limit: LogLimit,
+    /// Where the consumer's state stands, once it knows (a held feed: see [`super::FeedHandle::resume`]).
+    resume: Option<oneshot::Receiver<Option<u64>>>,
 }
 
-pub(super) async fn run(cfg: Arc<FeedConfig>, counters: Arc<Counters>, tx: mpsc::Sender<FeedEvent>) {
+pub(super) async fn run(
+    cfg: Arc<FeedConfig>,
+    counters: Arc<Counters>,
+    tx: mpsc::Sender<FeedEvent>,
+    resume: Option<oneshot::Receiver<Option<u64>>>,
+) {
     let tracker_cfg = TrackerConfig {
         replay_enabled: cfg.replay_endpoint.is_some(),
         reset_on_reconnect: cfg.reset_on_reconnect,
@@ -56,8 +63,13 @@ pub(super) async fn run(cfg: Arc<FeedConfig>, counters: Arc<Counters>, tx: mpsc:
     // Replayed messages are applied as they arrive; a short channel keeps at most a few of them (each up
     // to `max_message_bytes`) in flight.
     let (replay_tx, replay_rx) = mpsc::channel(2);
+    let tracker = match resume {
+        Some(_) => Tracker::holding(tracker_cfg, counters.clone()),
+        None => Tracker::new(tracker_cfg, counters.clone()),
+    };
     let mut feed = Feed {
-        tracker: Tracker::new(tracker_cfg, counters.clone()),
+        tracker,
+        resume,
         cfg,
         counters,
         tx,
@@ -131,6 +143,14 @@ impl Feed {
                 biased;
                 _ = self.tx.closed() => return Err(Closed),
                 Some((generation, msg)) = self.replay_rx.recv() => self.on_replay_msg(generation, msg).await?,
+                after = async { self.resume.as_mut().expect("guarded").await }, if self.resume.is_some() => {
+                    self.resume = None;
+                    // A dropped handle sends nothing: the feed is stopping anyway (`tx.closed`).
+                    if let Ok(after) = after {
+                        self.tracker.resume(after, &mut self.actions);
+                        self.execute().await?;
+                    }
+                }
                 res = conn.recv() => match res {
                     Ok(frames) => {
                         delivered = true;
@@ -312,6 +332,7 @@ impl Feed {
                 self.replay = None;
                 Ok(())
             }
+            Action::Synced => self.send(FeedEvent::Synced).await,
         }
     }
 

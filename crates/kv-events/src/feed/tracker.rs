@@ -38,6 +38,9 @@ pub(crate) enum Action<T> {
     StartReplay { from: u64 },
     /// Stop the running replay; its remaining messages must not reach the tracker.
     CancelReplay,
+    /// The sync [`Tracker::resume`] asked for is over (replayed, or given up): everything the engine
+    /// could still tell has been delivered.
+    Synced,
 }
 
 /// Items whose size counts against the replay buffer's byte budget.
@@ -87,11 +90,82 @@ pub(crate) struct Tracker<T> {
     disconnected: bool,
     /// Highest seq seen on the live stream (since the last restart).
     live_high: Option<u64>,
+    /// `Some` while holding live messages until [`Tracker::resume`] (a replica grafting a peer's state).
+    held: Option<Held<T>>,
+    /// A resumed sync has not ended yet: [`Action::Synced`] is still owed.
+    sync_owed: bool,
+}
+
+/// Live messages held before [`Tracker::resume`], oldest first, within the replay buffer's bounds
+/// (the oldest go first: a replay from the resume point brings them back).
+struct Held<T> {
+    buffer: VecDeque<(u64, T)>,
+    bytes: usize,
 }
 
 impl<T: Weigh> Tracker<T> {
     pub(crate) fn new(cfg: TrackerConfig, counters: Arc<Counters>) -> Self {
-        Tracker { cfg, counters, last: None, complete: false, replay: None, disconnected: false, live_high: None }
+        Tracker {
+            cfg,
+            counters,
+            last: None,
+            complete: false,
+            replay: None,
+            disconnected: false,
+            live_high: None,
+            held: None,
+            sync_owed: false,
+        }
+    }
+
+    /// A tracker that holds live messages until [`Tracker::resume`] says where its consumer's state
+    /// stands (a replica grafting a peer's snapshot subscribes before it knows).
+    pub(crate) fn holding(cfg: TrackerConfig, counters: Arc<Counters>) -> Self {
+        Tracker { held: Some(Held { buffer: VecDeque::new(), bytes: 0 }), ..Tracker::new(cfg, counters) }
+    }
+
+    /// The consumer's state now reflects every batch up to `after` (`None`: nothing): replay from the
+    /// next one — everything the engine's ring still holds from seq 0 when `None` — then the held
+    /// live messages; [`Action::Synced`] follows once that is over. Without a replay endpoint the held
+    /// messages are applied as live ones (a gap resyncs). Only the first call counts.
+    pub(crate) fn resume(&mut self, after: Option<u64>, out: &mut Vec<Action<T>>) {
+        let Some(held) = self.held.take() else { return };
+        self.last = after;
+        self.complete = false;
+        self.sync_owed = true;
+        if self.cfg.replay_enabled {
+            let from = after.map_or(0, |s| s.saturating_add(1));
+            self.start_replay_with(from, held.buffer, out);
+            return;
+        }
+        for (seq, item) in held.buffer {
+            self.on_live(seq, item, out);
+        }
+        self.settle(out);
+    }
+
+    /// Owes [`Action::Synced`] and no replay runs any more: pay it.
+    fn settle(&mut self, out: &mut Vec<Action<T>>) {
+        if self.sync_owed && self.replay.is_none() {
+            self.sync_owed = false;
+            out.push(Action::Synced);
+        }
+    }
+
+    /// Holds a live message (before [`Tracker::resume`]); `live_high` still tracks the stream.
+    fn hold(&mut self, seq: u64, item: T) {
+        let Some(held) = &mut self.held else { return };
+        if self.live_high.is_some_and(|high| seq <= high) {
+            held.buffer.clear(); // the publisher restarted: what was held belongs to its old run
+            held.bytes = 0;
+        }
+        self.live_high = Some(seq);
+        held.bytes += item.weight();
+        held.buffer.push_back((seq, item));
+        while held.buffer.len() > self.cfg.max_replay_buffer || held.bytes > self.cfg.max_replay_buffer_bytes {
+            let Some((_, old)) = held.buffer.pop_front() else { break };
+            held.bytes -= old.weight();
+        }
     }
 
     #[cfg(test)]
@@ -101,6 +175,9 @@ impl<T: Weigh> Tracker<T> {
 
     /// A live message arrived on the SUB socket.
     pub(crate) fn on_live(&mut self, seq: u64, item: T, out: &mut Vec<Action<T>>) {
+        if self.held.is_some() {
+            return self.hold(seq, item);
+        }
         // Restarts are judged against the live stream itself: a replay may deliver batches the live
         // stream has not shown yet, and those later arrive live as harmless duplicates.
         let went_back = self.live_high.is_some_and(|high| seq <= high);
@@ -126,7 +203,7 @@ impl<T: Weigh> Tracker<T> {
                 replay.bytes += item.weight();
                 replay.buffer.push_back((seq, item));
             }
-            return;
+            return self.settle(out);
         }
 
         if std::mem::take(&mut self.disconnected) {
@@ -179,6 +256,7 @@ impl<T: Weigh> Tracker<T> {
             Counters::inc(&self.counters.replay_failures);
         }
         self.finish_replay(ok, out);
+        self.settle(out);
     }
 
     /// The SUB socket lost its publisher connection.
@@ -186,6 +264,7 @@ impl<T: Weigh> Tracker<T> {
         if self.replay.is_some() {
             out.push(Action::CancelReplay);
             self.finish_replay(false, out);
+            self.settle(out);
         }
         self.disconnected = true;
     }
@@ -645,5 +724,77 @@ mod tests {
         h.live(u64::MAX - 1);
         assert_eq!(h.live(u64::MAX), vec![live(u64::MAX)]);
         assert_eq!(h.live(0), vec![Action::Reset(ResetReason::Restart), live(0)]);
+    }
+
+    fn holding(replay_enabled: bool) -> Harness {
+        let mut h = Harness::new(replay_enabled);
+        h.t = Tracker::holding(h.t.cfg, h.counters.clone());
+        h
+    }
+
+    fn resume(h: &mut Harness, after: Option<u64>) -> Vec<A> {
+        let mut out = Vec::new();
+        h.t.resume(after, &mut out);
+        out
+    }
+
+    #[test]
+    fn held_live_messages_wait_for_the_resume_point_then_follow_the_replay() {
+        let mut h = holding(true);
+        assert_eq!(h.live(41), vec![], "held, not delivered, no replay yet");
+        assert_eq!(h.live(42), vec![]);
+        // The grafted state stands at 39: replay 40.., then the held 41, 42 are duplicates or follow.
+        assert_eq!(resume(&mut h, Some(39)), vec![Action::StartReplay { from: 40 }]);
+        assert_eq!(h.replayed(40), vec![rep(40)]);
+        assert_eq!(h.replayed(41), vec![rep(41)]);
+        assert_eq!(h.end(true), vec![live(42), Action::Synced]);
+        assert_eq!(h.live(43), vec![live(43)]);
+        assert_eq!(resume(&mut h, Some(0)), vec![], "only the first resume counts");
+    }
+
+    #[test]
+    fn resume_from_nothing_asks_for_the_whole_ring_even_without_traffic() {
+        let mut h = holding(true);
+        assert_eq!(resume(&mut h, None), vec![Action::StartReplay { from: 0 }]);
+        assert_eq!(h.replayed(0), vec![rep(0)]);
+        assert_eq!(h.replayed(1), vec![rep(1)]);
+        assert_eq!(h.end(true), vec![Action::Synced]);
+        assert!(h.t.history_complete());
+        // A failed replay still ends the sync (with what arrived).
+        let mut h = holding(true);
+        resume(&mut h, Some(5));
+        assert_eq!(h.end(false), vec![Action::Synced]);
+        assert_eq!(h.t.last_seq(), Some(5));
+    }
+
+    #[test]
+    fn resume_without_a_replay_endpoint_applies_the_held_messages_as_live_ones() {
+        let mut h = holding(false);
+        h.live(10);
+        h.live(11);
+        assert_eq!(resume(&mut h, Some(9)), vec![live(10), live(11), Action::Synced]);
+        let mut h = holding(false);
+        h.live(20);
+        let out = resume(&mut h, Some(9));
+        assert_eq!(out, vec![Action::Reset(ResetReason::Resync), live(20), Action::Synced], "a gap resyncs");
+    }
+
+    #[test]
+    fn holding_is_bounded_and_forgets_a_restarted_publishers_old_run() {
+        let mut h = holding(true);
+        for s in 0..10 {
+            h.live(s);
+        }
+        let held: Vec<u64> = h.t.held.as_ref().unwrap().buffer.iter().map(|(s, _)| *s).collect();
+        assert_eq!(held, vec![6, 7, 8, 9], "the oldest go first (a replay brings them back)");
+        h.live(0);
+        assert_eq!(h.t.held.as_ref().unwrap().buffer.len(), 1);
+    }
+
+    #[test]
+    fn a_disconnect_during_the_resumed_replay_still_ends_the_sync() {
+        let mut h = holding(true);
+        resume(&mut h, None);
+        assert_eq!(h.disconnect(), vec![Action::CancelReplay, Action::Synced]);
     }
 }

@@ -15,7 +15,7 @@
 //!
 //! A dispatch record never downgrades an `Event` entry (it only refreshes the key's LRU position); an
 //! event upgrades any entry; a removal deletes the entry whatever its source. Stamps are whole seconds
-//! since the index was created; an entry is fresh while `now − stamp ≤ ttl`.
+//! since the index's epoch (one TTL, at most a day, before its creation); an entry is fresh while `now − stamp ≤ ttl`.
 //!
 //! **Memory is bounded by one global budget of keys** (`max_blocks`, LRU over keys, never per worker):
 //! inserting a key beyond it evicts the least recently written key for every worker. **One worker's
@@ -75,6 +75,16 @@ pub struct Overlap {
     pub approximate: u32,
 }
 
+/// One (key, worker) entry as a snapshot carries it to another router replica: where it came from and
+/// how old it is (whole seconds; an `Event` entry's age is not used).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub key: u64,
+    pub worker: u16,
+    pub source: Source,
+    pub age_secs: u32,
+}
+
 /// Thread-safe index of chained block keys → workers; see the module docs.
 pub struct BlockIndex {
     store: Mutex<Store>,
@@ -92,9 +102,12 @@ impl BlockIndex {
     /// allocated here, zeroed (8 bytes × up to 4/3 × 2 × `max_blocks`; the OS commits pages as keys arrive).
     pub fn new(max_blocks: usize, approx_ttl_secs: u64, pending_ttl_secs: u64) -> BlockIndex {
         let secs = |s: u64| u32::try_from(s).unwrap_or(u32::MAX);
+        // Stamps count from a TTL before creation (at most a day), so a grafted entry's age fits even
+        // in a new index (see `graft`).
+        let back = std::time::Duration::from_secs(approx_ttl_secs.max(pending_ttl_secs).min(86_400));
         BlockIndex {
             store: Mutex::new(Store::new(max_blocks.clamp(1, MAX_BLOCKS), MAX_BLOCKS, rand::random())),
-            epoch: Instant::now(),
+            epoch: Instant::now().checked_sub(back).unwrap_or_else(Instant::now),
             ttls: Ttls { pending: secs(pending_ttl_secs), approximate: secs(approx_ttl_secs) },
             #[cfg(test)]
             after_chunk: std::sync::Mutex::new(None),
@@ -231,6 +244,45 @@ impl BlockIndex {
             self.chunk_done();
             start += SCAN_CHUNK;
         }
+    }
+
+    /// The fresh entries of up to [`SCAN_CHUNK`] slots from `start` (one lock hold), appended to `out`;
+    /// the next `start`, or `None` once every slot was read. A snapshot streams the index this way, so
+    /// probes wait for one chunk at most; entries written meanwhile may or may not be in it.
+    pub fn export_chunk(&self, start: usize, out: &mut Vec<Entry>) -> Option<usize> {
+        let store = self.lock();
+        let now = self.stamp(Instant::now());
+        let mut held = Vec::new();
+        store.export_in(start..start + SCAN_CHUNK, now, self.ttls, &mut held);
+        let more = start + SCAN_CHUNK < store.slots();
+        drop(store);
+        out.extend(held.into_iter().map(|(key, h)| Entry {
+            key,
+            worker: h.worker,
+            source: h.source,
+            age_secs: now.saturating_sub(h.stamp),
+        }));
+        more.then_some(start + SCAN_CHUNK)
+    }
+
+    /// Writes a peer's entries (a snapshot being grafted), each with its source and its age kept,
+    /// [`WRITE_CHUNK`] per lock hold;
+    /// returns how many were refused (a worker's share of events, see [`BlockIndex::store_events`]).
+    /// Out-of-range workers are ignored.
+    pub fn graft(&self, entries: &[Entry]) -> usize {
+        let now = self.stamp(Instant::now());
+        let mut refused = 0;
+        for chunk in entries.chunks(WRITE_CHUNK) {
+            let mut store = self.lock();
+            for e in chunk.iter().filter(|e| usize::from(e.worker) < MAX_WORKERS) {
+                let stamp = now.saturating_sub(e.age_secs);
+                refused += usize::from(!store.write(Write::Put(e.source), e.key, e.worker, stamp));
+            }
+            store.sweep(now, self.ttls, chunk.len());
+            MutexGuard::unlock_fair(store);
+            self.chunk_done();
+        }
+        refused
     }
 
     /// Applies `op` to `keys` last-to-first, [`WRITE_CHUNK`] keys per lock hold; returns how many

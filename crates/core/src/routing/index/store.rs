@@ -15,7 +15,7 @@ use super::table::Table;
 /// Sentinel for "no slot" in the LRU and free lists.
 pub(super) const NIL: u32 = u32::MAX;
 
-/// Entry lifetimes in whole seconds (stamps are whole seconds since the index was created).
+/// Entry lifetimes in whole seconds (stamps are whole seconds since the index's epoch).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ttls {
     pub pending: u32,
@@ -159,6 +159,17 @@ impl Store {
         let holds_event =
             |slot: u32| self.nodes[slot as usize].holders.any(|h| h.worker == worker && h.source == Source::Event);
         !slot.is_some_and(holds_event)
+    }
+
+    /// Every fresh entry of the live keys in `slots`, as (key, holder), into `out`.
+    pub(super) fn export_in(&self, slots: std::ops::Range<usize>, now: u32, ttls: Ttls, out: &mut Vec<(u64, Holder)>) {
+        for node in &self.nodes[slots.start.min(self.nodes.len())..slots.end.min(self.nodes.len())] {
+            node.holders.for_each(|h| {
+                if ttls.fresh(h, now) {
+                    out.push((node.key, h));
+                }
+            });
+        }
     }
 
     /// Removes `worker` from the live keys in `slots`.

@@ -585,3 +585,33 @@ mod model {
         t0 + Duration::from_secs(s)
     }
 }
+
+#[test]
+fn an_exported_index_grafts_into_another_with_sources_and_ages_kept() {
+    let (a, t0) = (index(100_000), Instant::now());
+    let b = keys(0..5000);
+    a.store_events_at(0, &b[..3000], t0);
+    a.record_at(1, &b[1000..2000], Pending, t0);
+    a.record_at(2, &b[..10], Approximate, t0);
+    let mut entries = Vec::new();
+    let mut next = Some(0);
+    let mut chunks = 0;
+    while let Some(start) = next {
+        next = a.export_chunk(start, &mut entries);
+        chunks += 1;
+    }
+    assert!(chunks > 1, "streamed in chunks of slots");
+    assert_eq!(entries.len(), 3000 + 1000 + 10);
+    let copy = index(100_000);
+    assert_eq!(copy.graft(&entries), 0);
+    for probe in [&b[..3000], &b[1000..2000], &b[..10]] {
+        assert_eq!(copy.probe_detail(probe, 3), a.probe_detail(probe, 3));
+    }
+    assert_eq!(copy.counts(), a.counts());
+    // An old pending entry stays old: it expires on the copy when it would have on the original.
+    let old = [Entry { key: 7, worker: 3, source: Pending, age_secs: 29 }];
+    let copy = index(100);
+    copy.graft(&old);
+    assert_eq!(copy.probe_at(&[7], 4, Instant::now())[3], 1);
+    assert_eq!(copy.probe_at(&[7], 4, Instant::now() + Duration::from_secs(2))[3], 0);
+}
