@@ -43,6 +43,7 @@ impl Settings {
             auth: AuthSettings::default(),
             retries: RetryConfig::default(),
             kv_events: KvEventsSection::default(),
+            cluster: None,
         }
     }
 
@@ -87,7 +88,8 @@ impl Settings {
             }
             pool_settings(&file.pools, &file.media, &file.routing)?
         };
-        Ok(Settings { server, pools, auth, retries: file.retries, kv_events: file.kv_events })
+        let cluster = file.cluster.as_ref().map(|c| c.settings()).transpose()?;
+        Ok(Settings { server, pools, auth, retries: file.retries, kv_events: file.kv_events, cluster })
     }
 }
 

@@ -7,6 +7,7 @@ use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::routing::{Engine, RoutingConfig};
 use serde::Deserialize;
 
+use super::cluster::ClusterSection;
 use super::kv_events::KvEventsSection;
 use super::retries::RetryConfig;
 
@@ -34,6 +35,8 @@ pub struct ConfigFile {
     pub retries: RetryConfig,
     #[serde(default)]
     pub kv_events: KvEventsSection,
+    /// Several replicas routing as one; absent: this router is alone.
+    pub cluster: Option<ClusterSection>,
 }
 
 /// One `[[pools]]` entry.

@@ -10,6 +10,7 @@
 //! nothing of the crate — every other room may read its settings.
 
 mod build;
+mod cluster;
 mod file;
 mod kv_events;
 mod retries;
@@ -17,6 +18,7 @@ mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
 pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
+pub use cluster::{ClusterSection, ClusterSettings};
 pub use kv_events::KvEventsSection;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use settings::{

@@ -8,6 +8,7 @@ use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 
 use super::file::ServerSection;
+use super::cluster::ClusterSettings;
 use super::kv_events::KvEventsSection;
 use super::retries::RetryConfig;
 
@@ -36,6 +37,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub retries: RetryConfig,
     pub kv_events: KvEventsSection,
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// One pool, validated: a model (with the media settings), its served names, its workers, its routing.

@@ -11,6 +11,7 @@
 //! request or `/health` latency. A feed holds its pool's router weakly and records into the observer:
 //! it knows nothing else of the router's state.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -51,7 +52,11 @@ pub struct WorkerFeeds {
     /// The worker itself: while a feed task may still write for `worker`, that id cannot be given to
     /// another worker (see `mmrouter_core::routing::Router`).
     held: Arc<Worker>,
-    ingest: Arc<Mutex<WorkerEvents>>,
+    /// The event state and, per rank, the last seq applied to it and to the index (a snapshot reads
+    /// both at once: the seq a peer resumes from is exactly what the state reflects).
+    ingest: Arc<Mutex<Ingest>>,
+    /// Where a bootstrapping replica's feeds stand (see [`WorkerFeeds::resume`]).
+    sync: Mutex<SyncState>,
     /// `None` once stopped: a resolution finishing later starts nothing.
     handles: Mutex<Option<Vec<FeedHandle>>>,
     /// The task resolving the endpoints (discovery retries until the worker answers).
@@ -60,7 +65,83 @@ pub struct WorkerFeeds {
     discovery_refused: Arc<Refusals>,
 }
 
+/// One worker's event state and the seq per rank it reflects.
+struct Ingest {
+    events: WorkerEvents,
+    applied: BTreeMap<u32, u64>,
+}
+
+/// A bootstrapping replica's feeds: held until [`WorkerFeeds::resume`] gives each rank its seq, then
+/// synced rank by rank.
+#[derive(Default)]
+struct SyncState {
+    /// Feeds are started holding their live batches (a graft is coming).
+    hold: bool,
+    /// The resume points, once known (`None` per rank: replay from 0).
+    resume: Option<BTreeMap<u32, u64>>,
+    synced: BTreeSet<u32>,
+}
+
+/// What a snapshot carries of one worker's event state: per rank, the seq it reflects and its engine
+/// hash → router key map.
+pub struct EventExport {
+    pub seqs: Vec<(u32, u64)>,
+    pub ranks: Vec<(u32, Vec<(u64, Option<u64>)>)>,
+}
+
 impl WorkerFeeds {
+    /// The worker's event state as a peer replica needs it (a copy, taken under the state's lock).
+    pub fn export(&self) -> EventExport {
+        let ingest = self.ingest.lock().unwrap_or_else(|e| e.into_inner());
+        EventExport { seqs: ingest.applied.iter().map(|(&r, &s)| (r, s)).collect(), ranks: ingest.events.export() }
+    }
+
+    /// Adds a peer's event state of `rank` (before [`WorkerFeeds::resume`]).
+    pub fn graft(&self, rank: u32, entries: &[(u64, Option<u64>)]) {
+        self.ingest.lock().unwrap_or_else(|e| e.into_inner()).events.graft(rank, entries);
+    }
+
+    /// Forgets a graft that could not be completed (the next peer's, or the engines' replay, follows).
+    pub fn forget_graft(&self) {
+        let mut ingest = self.ingest.lock().unwrap_or_else(|e| e.into_inner());
+        ingest.events.reset();
+        ingest.applied.clear();
+    }
+
+    /// The grafted state reflects each rank's events up to `seqs[rank]` (a rank missing: nothing, so it
+    /// replays from 0): the held feeds replay from there and follow live; feeds resolved later start
+    /// there. Only the first call counts.
+    pub fn resume(&self, seqs: BTreeMap<u32, u64>) {
+        {
+            let mut sync = self.sync.lock().unwrap_or_else(|e| e.into_inner());
+            if sync.resume.is_some() {
+                return;
+            }
+            sync.resume = Some(seqs.clone());
+        }
+        {
+            let mut ingest = self.ingest.lock().unwrap_or_else(|e| e.into_inner());
+            ingest.applied = seqs.clone();
+        }
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        for h in handles.iter().flatten() {
+            h.resume(seqs.get(&h.config().dp_rank).copied());
+        }
+    }
+
+    /// Every rank that can sync has: its resumed replay is over, or its publisher is not connected (a
+    /// worker that is down holds up nobody); `false` until the endpoints are resolved.
+    pub fn settled(&self) -> bool {
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(handles) = handles.as_ref() else { return true }; // stopped
+        let resolving = self.resolver.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|t| !t.is_finished());
+        if handles.is_empty() {
+            return !resolving;
+        }
+        let sync = self.sync.lock().unwrap_or_else(|e| e.into_inner());
+        handles.iter().all(|h| sync.synced.contains(&h.config().dp_rank) || !h.stats().connected)
+    }
+
     /// Every rank's counters.
     fn stats(&self) -> Vec<FeedStats> {
         let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
@@ -89,7 +170,7 @@ impl WorkerFeeds {
 
     /// What the event state counted (stores, removals, orphans, …).
     fn counts(&self) -> EventCounts {
-        self.ingest.lock().unwrap_or_else(|e| e.into_inner()).counts()
+        self.ingest.lock().unwrap_or_else(|e| e.into_inner()).events.counts()
     }
 
     /// What a scrape shows of these feeds.
@@ -114,10 +195,12 @@ impl WorkerFeeds {
 /// otherwise): one subscription per rank once the endpoints are resolved, each applied to the index by
 /// its own task. `ingest` is the worker's event state (the pool's model, block size and vocabulary).
 /// The caller keeps the returned feeds with the worker and stops them when the worker is removed.
+/// With `hold`, the feeds hold their live batches until [`WorkerFeeds::resume`] (a bootstrapping
+/// replica grafts a peer's state first).
 pub fn start(
     env: &FeedEnv,
     (router, worker): (&Arc<Router>, usize),
-    ingest: WorkerEvents,
+    (ingest, hold): (WorkerEvents, bool),
     settings: &WorkerSettings,
 ) -> Option<Arc<WorkerFeeds>> {
     let source = settings.events.clone()?;
@@ -127,7 +210,8 @@ pub fn start(
         router: Arc::downgrade(router),
         worker,
         held,
-        ingest: Arc::new(Mutex::new(ingest)),
+        ingest: Arc::new(Mutex::new(Ingest { events: ingest, applied: BTreeMap::new() })),
+        sync: Mutex::new(SyncState { hold, ..SyncState::default() }),
         handles: Mutex::new(Some(Vec::new())),
         resolver: Mutex::new(None),
         discovery_refused: Arc::default(),
@@ -141,11 +225,21 @@ pub fn start(
         let Some(feeds) = weak.upgrade() else { return };
         let mut handles = feeds.handles.lock().unwrap_or_else(|e| e.into_inner());
         let Some(handles) = handles.as_mut() else { return };
-        for cfg in configs {
+        let (hold, resume) = {
+            let sync = feeds.sync.lock().unwrap_or_else(|e| e.into_inner());
+            (sync.hold, sync.resume.clone())
+        };
+        for mut cfg in configs {
+            cfg.hold_until_resumed = hold;
+            let rank = cfg.dp_rank;
             match spawn_feed(cfg) {
                 Ok((handle, rx)) => {
+                    // Resumed before this rank was resolved: it starts where the graft stands.
+                    if let Some(seqs) = &resume {
+                        handle.resume(seqs.get(&rank).copied());
+                    }
                     handles.push(handle);
-                    tokio::spawn(follow(env.observe.clone(), feeds.clone(), rx));
+                    tokio::spawn(follow(env.observe.clone(), feeds.clone(), (rank, rx)));
                 }
                 Err(e) => tracing::error!(worker = %settings.spec.name, "kv events: {e}"),
             }
@@ -156,7 +250,11 @@ pub fn start(
 }
 
 /// Applies one rank's events to the index until the feed or its pool goes away.
-async fn follow(observe: Arc<Observer>, feeds: Arc<WorkerFeeds>, mut rx: tokio::sync::mpsc::Receiver<FeedEvent>) {
+async fn follow(
+    observe: Arc<Observer>,
+    feeds: Arc<WorkerFeeds>,
+    (rank, mut rx): (u32, tokio::sync::mpsc::Receiver<FeedEvent>),
+) {
     while let Some(event) = rx.recv().await {
         let Some(router) = feeds.router.upgrade() else { return };
         if feeds.held.is_removed() {
@@ -164,28 +262,33 @@ async fn follow(observe: Arc<Observer>, feeds: Arc<WorkerFeeds>, mut rx: tokio::
         }
         let w = feeds.worker;
         match event {
-            FeedEvent::Batch { batch, .. } => {
+            FeedEvent::Batch { batch, seq, .. } => {
                 if let Some(lag) = lag(batch.ts) {
                     observe.event_lag(feeds.held.name(), lag);
                 }
-                let (ops, held) = {
-                    let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
-                    let ops = ingest.apply(&batch);
-                    (ops, ingest.held())
-                };
+                // The index is written under the state's lock, so a snapshot's seq matches both.
+                let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
+                let ops = ingest.events.apply(&batch);
+                ingest.applied.insert(rank, seq);
                 if ops.cleared {
                     router.clear_worker(w);
                 }
                 router.remove_events(w, &ops.removed);
                 router.store_events(w, &ops.stored);
                 // An engine removes blocks only to make room: the cache is full at `held`.
-                router.worker(w).report_cache(held as u64, !ops.removed.is_empty() && !ops.cleared);
+                let held = ingest.events.held() as u64;
+                router.worker(w).report_cache(held, !ops.removed.is_empty() && !ops.cleared);
             }
             // Logged (rate-limited) by the feed itself.
             FeedEvent::Reset { .. } => {
-                feeds.ingest.lock().unwrap_or_else(|e| e.into_inner()).reset();
+                let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
+                ingest.events.reset();
+                ingest.applied.clear();
                 router.clear_worker(w);
                 router.worker(w).report_cache(0, false);
+            }
+            FeedEvent::Synced => {
+                feeds.sync.lock().unwrap_or_else(|e| e.into_inner()).synced.insert(rank);
             }
             // Counted and logged (rate-limited) by the feed itself.
             FeedEvent::Malformed { .. } => {}

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use mmrouter_core::pipeline::Pipeline;
 
+use super::bootstrap::{Bootstrap, BootstrapState};
 use super::feeds::FeedEnv;
 use super::pool::Pool;
 use crate::config::Settings;
@@ -25,6 +26,8 @@ pub struct Pools {
     pub(super) observe: Arc<Observer>,
     /// The file the config was read from, when there is one (`POST /admin/reload`).
     pub config_path: OnceLock<std::path::PathBuf>,
+    /// Whether the index state is complete yet (a replica of a cluster bootstraps it).
+    pub bootstrap: Bootstrap,
 }
 
 impl Pools {
@@ -40,6 +43,7 @@ impl Pools {
             env: FeedEnv { observe: observe.clone(), limits: cfg.kv_events.clone() },
             observe,
             config_path: OnceLock::new(),
+            bootstrap: Bootstrap::default(),
         }))
     }
 
@@ -74,8 +78,9 @@ impl Pools {
     /// Subscribes to the KV events of the workers that publish them (once per pool).
     pub fn start_feeds(&self) {
         let running = self.changes();
+        let hold = self.bootstrap.state() == BootstrapState::Pending;
         for (pool, settings) in self.list().iter().zip(&running.pools) {
-            pool.start_feeds(&self.env, settings);
+            pool.start_feeds(&self.env, settings, hold);
         }
     }
 

@@ -6,6 +6,7 @@
 //! core's routers and pipelines; a feed holds its pool's router weakly. The HTTP side of these
 //! operations (admin API, `/health`) is the ops room's.
 
+mod bootstrap;
 mod discovery;
 mod feeds;
 mod health;
@@ -14,9 +15,11 @@ mod pool;
 mod reload;
 mod workers;
 
+pub use bootstrap::{Bootstrap, BootstrapState};
 pub use discovery::{discover_now, resolve, Refusals};
 pub use health::spawn_checks;
 pub use list::Pools;
+pub use feeds::{EventExport, WorkerFeeds};
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
 pub use workers::ChangeError;

@@ -47,25 +47,40 @@ impl Pool {
         self.feeds.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
-    /// Starts the feeds of the workers `settings` lists (their ids are their positions), once.
-    pub fn start_feeds(&self, env: &FeedEnv, settings: &PoolSettings) {
+    /// Starts the feeds of the workers `settings` lists (their ids are their positions), once; with
+    /// `hold`, holding their live batches until resumed (a bootstrapping replica).
+    pub fn start_feeds(&self, env: &FeedEnv, settings: &PoolSettings, hold: bool) {
         if self.feeds_started.swap(true, Ordering::Relaxed) {
             return;
         }
         for (id, w) in settings.workers.iter().enumerate() {
-            self.start_feed(env, id, w);
+            self.start_feed_with(env, id, w, hold);
         }
+    }
+
+    /// The running feeds of worker `id`.
+    pub fn feeds_of(&self, id: usize) -> Option<Arc<WorkerFeeds>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+    }
+
+    /// The running feeds with their worker ids.
+    pub fn feeds_by_worker(&self) -> Vec<(usize, Arc<WorkerFeeds>)> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(&id, f)| (id, f.clone())).collect()
     }
 
     /// Starts worker `id`'s feeds if its settings publish events.
     pub fn start_feed(&self, env: &FeedEnv, id: usize, settings: &WorkerSettings) {
+        self.start_feed_with(env, id, settings, false);
+    }
+
+    fn start_feed_with(&self, env: &FeedEnv, id: usize, settings: &WorkerSettings, hold: bool) {
         if settings.events.is_none() {
             return;
         }
         let p = &self.pipeline;
         let ingest =
             WorkerEvents::new(p.model_name(), p.block_size(), tracked_blocks(&self.router)).with_vocab(p.vocab_size());
-        if let Some(f) = feeds::start(env, (&self.router, id), ingest, settings) {
+        if let Some(f) = feeds::start(env, (&self.router, id), (ingest, hold), settings) {
             let old = self.feeds.lock().unwrap_or_else(|e| e.into_inner()).insert(id, f);
             if let Some(old) = old {
                 old.stop();

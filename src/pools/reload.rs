@@ -6,7 +6,7 @@
 //! is rebuilt (a new model version: fresh pipeline and index); in a kept pool, workers added, removed
 //! (drained first, removed once idle) or replaced when their URL, engine or event settings changed.
 //! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
-//! untouched. `[server]`, `[auth]`, `[retries]` and `[kv_events]` are built once at start: a reload that changes them
+//! untouched. `[server]`, `[auth]`, `[retries]`, `[kv_events]` and `[cluster]` are built once at start: a reload that changes them
 //! is refused, naming what needs a restart.
 //!
 //! **A reload is a transaction.** Everything is built and checked before anything changes: new pools
@@ -86,7 +86,7 @@ pub fn apply(pools: &Arc<Pools>, mut new: Settings) -> Result<Applied, String> {
     // Requests in flight keep the pool they picked; new ones see the new list.
     pools.set(next);
     for (pool, settings) in fresh {
-        pool.start_feeds(&pools.env, settings);
+        pool.start_feeds(&pools.env, settings, false);
     }
     *running = new;
     tracing::info!(?applied, "config reloaded");
@@ -207,6 +207,7 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
         ("[auth]", old.auth != new.auth),
         ("[retries]", old.retries != new.retries),
         ("[kv_events]", old.kv_events != new.kv_events),
+        ("[cluster]", old.cluster != new.cluster),
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));
