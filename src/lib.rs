@@ -9,6 +9,7 @@
 //! (`demo`, `count`, `render`). Only what another crate uses is public.
 
 pub mod cli;
+mod cluster;
 pub mod config;
 mod error;
 mod front;

@@ -19,7 +19,7 @@ use mmrouter_core::request::Endpoint;
 
 use crate::config::Settings;
 use crate::front::{conn, Front};
-use crate::{ops, pools, proxy};
+use crate::{cluster, ops, pools, proxy};
 
 pub use crate::ops::metrics_text;
 pub use crate::state::AppState;
@@ -34,7 +34,7 @@ fn routes(state: Arc<AppState>) -> axum::Router {
         .route("/health", get(ops::health_page))
         .route("/metrics", get(ops::metrics_page))
         .route("/debug/route", post(proxy::debug_route))
-        .merge(ops::admin_routes())
+        .merge(ops::admin_routes(cluster::routes()))
         .with_state(state)
 }
 
@@ -92,6 +92,8 @@ pub async fn serve_state(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    // Before the feeds: a replica's feeds hold their live batches while it bootstraps.
+    cluster::start(cfg, &state);
     state.pools.start_feeds();
     pools::spawn_checks(&state.pools, cfg.server.health_interval);
     let front = Front::new(cfg, state.observe.clone(), state.draining.clone());

@@ -25,6 +25,8 @@ pub struct AppState {
     pub planners: tokio::sync::Semaphore,
     /// Set once shutdown starts (the connection layer sets it).
     pub draining: Draining,
+    /// This replica's name in its cluster (`[cluster] replica_id`); `None`: a lone router.
+    pub replica_id: Option<String>,
 }
 
 impl AppState {
@@ -43,6 +45,7 @@ impl AppState {
             retry_budget: RetryBudget::new(&cfg.retries),
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             draining: Draining::default(),
+            replica_id: cfg.cluster.as_ref().map(|c| c.replica_id.clone()),
         }))
     }
 

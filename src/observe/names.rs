@@ -102,6 +102,34 @@ pub mod stage {
 
 pub(super) static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
+/// Gauge: other replicas heard from within `cluster.booking_ttl_ms`.
+pub const CLUSTER_PEERS: &str = "mmrouter_cluster_peers";
+/// Gauge: 1 while this replica's NATS connection is up.
+pub const CLUSTER_NATS_CONNECTED: &str = "mmrouter_cluster_nats_connected";
+/// Counter `{event}`: NATS connection events (`connected`, `disconnected`).
+pub const CLUSTER_NATS_EVENTS_TOTAL: &str = "mmrouter_cluster_nats_events_total";
+/// Counter `{event}`: bookings `sent` (this replica's), `applied` (another's, as remote load),
+/// `expired` (its replica went silent), `reconciled` (missing from its replica's heartbeat).
+pub const CLUSTER_BOOKINGS_TOTAL: &str = "mmrouter_cluster_bookings_total";
+/// Gauge: other replicas' bookings held as remote load now.
+pub const CLUSTER_REMOTE_BOOKINGS: &str = "mmrouter_cluster_remote_bookings";
+/// Counter `{direction}`: dispatch records (pending/approximate blocks) `sent` and `applied`.
+pub const CLUSTER_DISPATCHES_TOTAL: &str = "mmrouter_cluster_dispatches_total";
+/// Counter `{reason}`: cluster messages not sent or not applied (`queue_full`, `malformed`,
+/// `unknown_pool`, `unknown_worker`).
+pub const CLUSTER_MESSAGES_DROPPED_TOTAL: &str = "mmrouter_cluster_messages_dropped_total";
+/// Gauge `{state}`: 1 for the bootstrap's state: `pending`, `complete` or `incomplete`.
+pub const CLUSTER_BOOTSTRAP: &str = "mmrouter_cluster_bootstrap";
+/// Gauge: how far behind the engines the bootstrapped state was when it became ready (seconds).
+pub const CLUSTER_BOOTSTRAP_STATE_AGE_SECONDS: &str = "mmrouter_cluster_bootstrap_state_age_seconds";
+/// Gauge: seconds from start to the end of the bootstrap.
+pub const CLUSTER_BOOTSTRAP_DURATION_SECONDS: &str = "mmrouter_cluster_bootstrap_duration_seconds";
+/// Counter `{direction}`: snapshot bytes `sent` to peers and `received` from them.
+pub const CLUSTER_SNAPSHOT_BYTES_TOTAL: &str = "mmrouter_cluster_snapshot_bytes_total";
+/// Counter `{reason}`: snapshot fetches that failed (`unreachable`, `status`, `timeout`, or the
+/// stream's refusal: `frame_too_large`, `malformed`, `truncated`, …).
+pub const CLUSTER_SNAPSHOT_FAILURES_TOTAL: &str = "mmrouter_cluster_snapshot_failures_total";
+
 /// A recorder with every family described and every histogram's buckets set.
 pub(super) fn recorder() -> PrometheusRecorder {
     let r = builder().build_recorder();
@@ -182,4 +210,16 @@ fn describe(r: &PrometheusRecorder) {
     counter(SHED_TOTAL, "Connections or requests refused with a 503 for load, by reason: connections, inflight.");
     counter(CLIENT_TIMEOUTS_TOTAL, "Client connections cut by a timeout, by kind: header, body, idle, drain.");
     counter(AUTH_FAILURES_TOTAL, "Requests refused for a missing or wrong key, by scope: client, admin.");
+    gauge(CLUSTER_PEERS, "Other router replicas heard from within cluster.booking_ttl_ms.");
+    gauge(CLUSTER_NATS_CONNECTED, "1 while this replica's NATS connection is up.");
+    counter(CLUSTER_NATS_EVENTS_TOTAL, "NATS connection events: connected, disconnected.");
+    counter(CLUSTER_BOOKINGS_TOTAL, "Cluster bookings by event: sent, applied, expired, reconciled.");
+    gauge(CLUSTER_REMOTE_BOOKINGS, "Other replicas' bookings held as remote load now.");
+    counter(CLUSTER_DISPATCHES_TOTAL, "Dispatch records (pending or approximate blocks) sent and applied.");
+    counter(CLUSTER_MESSAGES_DROPPED_TOTAL, "Cluster messages not sent or not applied, by reason.");
+    gauge(CLUSTER_BOOTSTRAP, "1 for the bootstrap's state: pending, complete, incomplete.");
+    gauge(CLUSTER_BOOTSTRAP_STATE_AGE_SECONDS, "How far behind the engines the bootstrapped state was at ready.");
+    gauge(CLUSTER_BOOTSTRAP_DURATION_SECONDS, "Seconds from start to the end of the bootstrap.");
+    counter(CLUSTER_SNAPSHOT_BYTES_TOTAL, "Index snapshot bytes sent to and received from peer replicas.");
+    counter(CLUSTER_SNAPSHOT_FAILURES_TOTAL, "Snapshot fetches from a peer that failed, by reason.");
 }

@@ -35,6 +35,9 @@ pub struct Observer {
     /// Every worker's own series, by worker name.
     workers: Mutex<HashMap<String, Arc<WorkerSeries>>>,
     front_counters: Cache<(&'static str, &'static str), Counter>,
+    /// The cluster's counters and gauges, by (name, label value); `""`: no label.
+    cluster_counters: Cache<(&'static str, &'static str), Counter>,
+    cluster_gauges: Cache<(&'static str, &'static str), Gauge>,
     connections_open: Gauge,
     inflight_requests: Gauge,
     pub(super) image_tokens: Histogram,
@@ -62,6 +65,8 @@ impl Observer {
             connections_open: recorder.register_gauge(&plain(CONNECTIONS_OPEN), &METADATA),
             inflight_requests: recorder.register_gauge(&plain(INFLIGHT_REQUESTS), &METADATA),
             front_counters: Cache::new(),
+            cluster_counters: Cache::new(),
+            cluster_gauges: Cache::new(),
             budget_exhausted: recorder.register_counter(&plain(RETRY_BUDGET_EXHAUSTED_TOTAL), &METADATA),
             recorder,
             requests: Cache::new(),
@@ -154,6 +159,22 @@ impl Observer {
     fn front_count(&self, name: &'static str, label: &'static str, value: &'static str) {
         let c = self.front_counters.get((name, value), |(n, v)| self.counter(n, &[(label, v)]));
         c.increment(1);
+    }
+
+    /// Adds `n` to cluster counter `name` with its one label (`CLUSTER_*` in `names`).
+    pub fn cluster_count(&self, name: &'static str, (label, value): (&'static str, &'static str), n: u64) {
+        let c = self.cluster_counters.get((name, value), |(n, v)| self.counter(n, &[(label, v)]));
+        c.increment(n);
+    }
+
+    /// Sets cluster gauge `name`, with its label when `label` is given.
+    pub fn cluster_gauge(&self, name: &'static str, label: Option<(&'static str, &'static str)>, v: f64) {
+        let value = label.map_or("", |(_, v)| v);
+        let g = self.cluster_gauges.get((name, value), |(n, _)| {
+            let labels: Vec<(&'static str, &str)> = label.into_iter().collect();
+            self.recorder.register_gauge(&Self::key(n, &labels), &METADATA)
+        });
+        g.set(v);
     }
 
     /// A KV-event batch from `worker` arrived `secs` after the engine stamped it (the feeds record it).

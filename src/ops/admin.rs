@@ -33,8 +33,11 @@ use crate::front::{AdminAuthorized, ReceivedBody};
 use crate::pools::{reload_file, ChangeError};
 use crate::state::AppState;
 
-pub fn routes() -> axum::Router<Arc<AppState>> {
+/// The admin API, with `extra` admin routes of other rooms (the cluster's snapshot) under the same
+/// guard.
+pub fn routes(extra: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
     axum::Router::new()
+        .merge(extra)
         .route("/admin/workers", axum::routing::get(list))
         .route("/admin/pools/{pool}/workers", axum::routing::post(add))
         .route("/admin/workers/{name}/drain", axum::routing::post(drain))

@@ -129,9 +129,10 @@ impl WorkerFeeds {
         }
     }
 
-    /// Every rank that can sync has: its resumed replay is over, or its publisher is not connected (a
-    /// worker that is down holds up nobody); `false` until the endpoints are resolved.
-    pub fn settled(&self) -> bool {
+    /// Every rank that can sync has: its resumed replay is over, or (once `grace_over`) its publisher
+    /// is not connected (a worker that is down holds up nobody); `false` until the endpoints are
+    /// resolved.
+    pub fn settled(&self, grace_over: bool) -> bool {
         let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         let Some(handles) = handles.as_ref() else { return true }; // stopped
         let resolving = self.resolver.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|t| !t.is_finished());
@@ -139,7 +140,7 @@ impl WorkerFeeds {
             return !resolving;
         }
         let sync = self.sync.lock().unwrap_or_else(|e| e.into_inner());
-        handles.iter().all(|h| sync.synced.contains(&h.config().dp_rank) || !h.stats().connected)
+        handles.iter().all(|h| sync.synced.contains(&h.config().dp_rank) || (grace_over && !h.stats().connected))
     }
 
     /// Every rank's counters.

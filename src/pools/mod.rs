@@ -15,11 +15,11 @@ mod pool;
 mod reload;
 mod workers;
 
-pub use bootstrap::{Bootstrap, BootstrapState};
+pub use bootstrap::BootstrapState;
 pub use discovery::{discover_now, resolve, Refusals};
 pub use health::spawn_checks;
 pub use list::Pools;
-pub use feeds::{EventExport, WorkerFeeds};
+pub use feeds::EventExport;
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
 pub use workers::ChangeError;

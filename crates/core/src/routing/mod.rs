@@ -314,6 +314,11 @@ impl Router {
         *self.link.write() = Some(link);
     }
 
+    /// Whether [`Router::set_link`] was called.
+    pub fn has_link(&self) -> bool {
+        self.link.read().is_some()
+    }
+
     /// Another replica recorded `blocks` for `worker` at dispatch (see [`Router::record_prompt`]).
     pub fn apply_remote_dispatch(&self, worker: usize, blocks: &[u64], source: Source) {
         if source != Source::Event {

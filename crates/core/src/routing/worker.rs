@@ -173,6 +173,20 @@ impl Worker {
         }
     }
 
+    /// What another replica learnt of this worker's cache (a snapshot being grafted): its fill, and
+    /// its capacity when known.
+    pub fn restore_cache(&self, held: u64, capacity: Option<u64>) {
+        self.cache.held.store(held, Ordering::Relaxed);
+        if let Some(c) = capacity {
+            self.cache.capacity.fetch_max(c, Ordering::Relaxed);
+        }
+    }
+
+    /// Blocks the worker's cache holds now, as its events say.
+    pub fn cache_held(&self) -> u64 {
+        self.cache.held.load(Ordering::Relaxed)
+    }
+
     /// Blocks the worker's cache holds beyond which it must evict; `None` until it has evicted once.
     pub fn cache_capacity(&self) -> Option<u64> {
         Some(self.cache.capacity.load(Ordering::Relaxed)).filter(|&c| c > 0)

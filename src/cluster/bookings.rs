@@ -1,0 +1,257 @@
+//! In-flight state shared between replicas: what this replica tells the others ([`Outbox`], the
+//! core's `Link` per pool) and what it holds of theirs ([`Inbox`]).
+//!
+//! Every message of a replica goes out on one subject, in order, so a booking's first byte and end
+//! never overtake it. Another replica's booking is remote load on its worker until its end arrives,
+//! its replica's heartbeat no longer lists it (a lost end), or its replica has been silent for
+//! `booking_ttl` (it died, or NATS is down: each replica then routes on its own view).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mmrouter_core::routing::{Link, Load, Source, Worker};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::observe::*;
+use crate::observe::Observer;
+use crate::pools::Pools;
+
+/// Messages queued for NATS, beyond which new ones are dropped (counted): a NATS outage must never
+/// hold up a request.
+pub const OUTBOX_CAPACITY: usize = 16_384;
+/// Blocks one dispatch record carries at most (a prompt's head matters most; the message stays small).
+const MAX_DISPATCH_BLOCKS: usize = 8_192;
+
+/// One replica's message (JSON on `<prefix>.replicas`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case")]
+pub enum Msg {
+    /// Request `id` admitted on `pool`/`w` with prefill `p`, decode `d` and image `i` tokens.
+    Book { r: String, id: u64, pool: String, w: String, p: u32, d: u32, i: u32 },
+    First { r: String, id: u64 },
+    End { r: String, id: u64 },
+    /// The replica is alive; `live` are its bookings in flight.
+    Beat { r: String, live: Vec<u64> },
+    /// `b` recorded for `pool`/`w` at dispatch, `src` 1 = pending, 2 = approximate.
+    Dispatch { r: String, pool: String, w: String, src: u8, b: Vec<u64> },
+}
+
+impl Msg {
+    fn replica(&self) -> &str {
+        match self {
+            Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
+            Msg::Dispatch { r, .. } => r,
+        }
+    }
+}
+
+/// This replica's side: ids, its live bookings (for heartbeats) and the queue to NATS.
+pub struct Outbox {
+    replica: String,
+    next: AtomicU64,
+    live: Mutex<HashSet<u64>>,
+    tx: mpsc::Sender<Msg>,
+    observe: Arc<Observer>,
+}
+
+impl Outbox {
+    pub fn new(replica: String, observe: Arc<Observer>) -> (Arc<Outbox>, mpsc::Receiver<Msg>) {
+        let (tx, rx) = mpsc::channel(OUTBOX_CAPACITY);
+        let out = Outbox { replica, next: AtomicU64::new(1), live: Mutex::default(), tx, observe };
+        (Arc::new(out), rx)
+    }
+
+    /// The core's link for `pool`.
+    pub fn link(self: &Arc<Self>, pool: &str) -> Arc<dyn Link> {
+        Arc::new(PoolLink { pool: pool.to_owned(), out: self.clone() })
+    }
+
+    /// Queues a heartbeat listing the live bookings.
+    pub fn beat(&self) {
+        let live: Vec<u64> = self.live.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+        self.send(Msg::Beat { r: self.replica.clone(), live });
+    }
+
+    fn send(&self, msg: Msg) {
+        if self.tx.try_send(msg).is_err() {
+            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "queue_full"), 1);
+        }
+    }
+}
+
+/// The core's `Link` for one pool.
+struct PoolLink {
+    pool: String,
+    out: Arc<Outbox>,
+}
+
+impl Link for PoolLink {
+    fn book(&self, worker: &Worker, load: Load) -> u64 {
+        let o = &self.out;
+        let id = o.next.fetch_add(1, Ordering::Relaxed);
+        o.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+        let (p, d, i) = (load.prefill_tokens, load.decode_tokens, load.image_tokens);
+        o.send(Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.name().to_owned(), p, d, i });
+        o.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "sent"), 1);
+        id
+    }
+
+    fn first_byte(&self, booking: u64) {
+        self.out.send(Msg::First { r: self.out.replica.clone(), id: booking });
+    }
+
+    fn finish(&self, booking: u64) {
+        let o = &self.out;
+        o.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&booking);
+        o.send(Msg::End { r: o.replica.clone(), id: booking });
+    }
+
+    fn dispatched(&self, worker: &Worker, blocks: &[u64], source: Source) {
+        let src = match source {
+            Source::Pending => 1,
+            Source::Approximate => 2,
+            Source::Event => return,
+        };
+        let b = blocks[..blocks.len().min(MAX_DISPATCH_BLOCKS)].to_vec();
+        let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.name().to_owned());
+        self.out.send(Msg::Dispatch { r, pool, w, src, b });
+        self.out.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "sent"), 1);
+    }
+}
+
+/// One booking of another replica, with the load it still holds.
+struct Booking {
+    worker: Arc<Worker>,
+    load: Load,
+}
+
+impl Booking {
+    fn release(self) {
+        self.worker.release_remote(self.load, 1);
+    }
+}
+
+struct Peer {
+    last_seen: Instant,
+    bookings: HashMap<u64, Booking>,
+}
+
+/// The other replicas' bookings, as remote load on this replica's workers.
+pub struct Inbox {
+    replica: String,
+    ttl: Duration,
+    peers: Mutex<HashMap<String, Peer>>,
+    observe: Arc<Observer>,
+}
+
+impl Inbox {
+    pub fn new(replica: String, ttl: Duration, observe: Arc<Observer>) -> Inbox {
+        Inbox { replica, ttl, peers: Mutex::default(), observe }
+    }
+
+    /// Applies one message from another replica (this replica's own are ignored).
+    pub fn apply(&self, pools: &Pools, msg: Msg) {
+        if msg.replica() == self.replica {
+            return;
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let peer = peers
+            .entry(msg.replica().to_owned())
+            .or_insert_with(|| Peer { last_seen: Instant::now(), bookings: HashMap::new() });
+        peer.last_seen = Instant::now();
+        match msg {
+            Msg::Book { id, pool, w, p, d, i, .. } => {
+                let Some(worker) = self.worker(pools, &pool, &w) else { return };
+                let load = Load { prefill_tokens: p, decode_tokens: d, image_tokens: i };
+                worker.add_remote(load);
+                if let Some(old) = peer.bookings.insert(id, Booking { worker, load }) {
+                    old.release(); // a doubled booking holds once
+                }
+                self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "applied"), 1);
+            }
+            Msg::First { id, .. } => {
+                if let Some(b) = peer.bookings.get_mut(&id) {
+                    let prefill = Load { prefill_tokens: std::mem::take(&mut b.load.prefill_tokens), ..Load::default() };
+                    b.worker.release_remote(prefill, 0);
+                }
+            }
+            Msg::End { id, .. } => {
+                if let Some(b) = peer.bookings.remove(&id) {
+                    b.release();
+                }
+            }
+            Msg::Beat { live, .. } => {
+                let live: HashSet<u64> = live.into_iter().collect();
+                let lost: Vec<u64> = peer.bookings.keys().filter(|id| !live.contains(id)).copied().collect();
+                for id in &lost {
+                    peer.bookings.remove(id).map(Booking::release);
+                }
+                self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
+            }
+            Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(pools, (&pool, &w), src, &b),
+        }
+    }
+
+    fn dispatch(&self, pools: &Pools, (pool, w): (&str, &str), src: u8, blocks: &[u64]) {
+        let source = match src {
+            1 => Source::Pending,
+            2 => Source::Approximate,
+            _ => return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
+        };
+        let Some(p) = pools.list().iter().find(|p| p.name == pool).cloned() else {
+            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
+        };
+        let Some(id) = p.router.find(w) else {
+            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
+        };
+        p.router.apply_remote_dispatch(id, blocks, source);
+        self.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "applied"), 1);
+    }
+
+    fn worker(&self, pools: &Pools, pool: &str, w: &str) -> Option<Arc<Worker>> {
+        let Some(p) = pools.list().iter().find(|p| p.name == pool).cloned() else {
+            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
+            return None;
+        };
+        let found = p.router.lookup(w).map(|(_, w)| w);
+        if found.is_none() {
+            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
+        }
+        found
+    }
+
+    /// Drops the bookings of replicas silent for longer than the TTL; returns (peers alive, bookings
+    /// held) after it.
+    pub fn expire(&self, now: Instant) -> (usize, usize) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let ttl = self.ttl;
+        let silent: Vec<String> =
+            peers.iter().filter(|(_, p)| now.duration_since(p.last_seen) > ttl).map(|(r, _)| r.clone()).collect();
+        for r in silent {
+            if let Some(peer) = peers.remove(&r) {
+                let n = peer.bookings.len() as u64;
+                peer.bookings.into_values().for_each(Booking::release);
+                self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "expired"), n);
+                tracing::info!(replica = %r, bookings = n, "cluster: replica silent, its bookings expired");
+            }
+        }
+        (peers.len(), peers.values().map(|p| p.bookings.len()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_small_tagged_json() {
+        let m = Msg::Book { r: "r1".into(), id: 7, pool: "p".into(), w: "w0".into(), p: 100, d: 16, i: 0 };
+        let text = serde_json::to_string(&m).unwrap();
+        assert_eq!(text, r#"{"k":"book","r":"r1","id":7,"pool":"p","w":"w0","p":100,"d":16,"i":0}"#);
+        assert_eq!(serde_json::from_str::<Msg>(&text).unwrap(), m);
+        assert!(serde_json::from_str::<Msg>(r#"{"k":"nuke","r":"x"}"#).is_err());
+    }
+}

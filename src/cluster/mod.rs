@@ -1,0 +1,54 @@
+//! The cluster room: several router replicas that route as one (`[cluster]`).
+//!
+//! * [`bootstrap`]: a starting replica grafts a peer's index state (`snapshot`, served by [`http`])
+//!   or replays the engines' rings, before `/health` reports ready;
+//! * [`bookings`] over [`nats`]: each replica's bookings (request admitted on a worker, first byte,
+//!   end) and dispatch records (pending and approximate blocks) reach the others, which weigh them as
+//!   remote load and index entries. The core's `routing::Link` is the seam: the proxy knows nothing
+//!   of any of this.
+//!
+//! Must not know: the proxy (a request's path) and the ops room.
+
+mod bookings;
+mod bootstrap;
+mod http;
+mod nats;
+mod snapshot;
+
+use std::sync::Arc;
+
+use crate::config::Settings;
+use crate::pools::Pools;
+use crate::state::AppState;
+
+pub use http::routes;
+
+/// Starts the replica's cluster side, if `[cluster]` is set: call before the feeds start, so they
+/// hold their live batches for the bootstrap.
+pub fn start(cfg: &Settings, state: &Arc<AppState>) {
+    let Some(settings) = cfg.cluster.clone() else { return };
+    state.pools.bootstrap.begin();
+    let pools = state.pools.clone();
+    if let Some(url) = settings.nats_url.clone() {
+        let (outbox, outgoing) = bookings::Outbox::new(settings.replica_id.clone(), state.observe.clone());
+        link_pools(&pools, &outbox);
+        let nats = nats::Nats::new(settings.clone(), pools.clone(), state.observe.clone(), outbox);
+        tokio::spawn(Arc::new(nats).run(url, outgoing));
+    }
+    let boot = bootstrap::Bootstrapper {
+        settings,
+        pools,
+        observe: state.observe.clone(),
+        admin_key: cfg.auth.admin_keys.first().cloned(),
+    };
+    tokio::spawn(boot.run());
+}
+
+/// Gives every pool's router the link to the cluster (again for pools a reload created).
+fn link_pools(pools: &Pools, outbox: &Arc<bookings::Outbox>) {
+    for pool in pools.list().iter() {
+        if !pool.router.has_link() {
+            pool.router.set_link(outbox.link(&pool.name));
+        }
+    }
+}

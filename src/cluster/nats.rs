@@ -1,0 +1,121 @@
+//! The replicas' NATS core connection: this replica's messages out (in order, on one subject), the
+//! others' in, and a heartbeat that also expires silent replicas and links new pools. NATS down:
+//! messages beyond the outbox are dropped and counted, the others' bookings expire after
+//! `booking_ttl`, the client reconnects on its own — requests never wait for any of it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::bookings::{Inbox, Msg, Outbox};
+use crate::config::ClusterSettings;
+use crate::observe::*;
+use crate::observe::Observer;
+use crate::pools::Pools;
+
+/// Longest pause between two reconnection attempts: a restarted NATS is found again within it.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
+/// What the NATS tasks share.
+pub struct Nats {
+    pub settings: ClusterSettings,
+    pub pools: Arc<Pools>,
+    pub observe: Arc<Observer>,
+    pub outbox: Arc<Outbox>,
+    inbox: Inbox,
+}
+
+impl Nats {
+    pub fn new(settings: ClusterSettings, pools: Arc<Pools>, observe: Arc<Observer>, outbox: Arc<Outbox>) -> Nats {
+        let inbox = Inbox::new(settings.replica_id.clone(), settings.booking_ttl, observe.clone());
+        Nats { settings, pools, observe, outbox, inbox }
+    }
+
+    fn subject(&self) -> String {
+        format!("{}.replicas", self.settings.subject_prefix)
+    }
+
+    /// Connects (retrying in the background until NATS answers) and runs until the process ends.
+    pub async fn run(self: Arc<Self>, url: String, outgoing: mpsc::Receiver<Msg>) {
+        let observe = self.observe.clone();
+        observe.cluster_gauge(CLUSTER_NATS_CONNECTED, None, 0.0);
+        let options = async_nats::ConnectOptions::new()
+            .name(&self.settings.replica_id)
+            .no_echo()
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(2))
+            .reconnect_delay_callback(|attempt| {
+                Duration::from_millis(100u64.saturating_mul(1 << attempt.min(4))).min(MAX_RECONNECT_DELAY)
+            })
+            .event_callback(move |event| {
+                let observe = observe.clone();
+                async move { on_event(&observe, event) }
+            });
+        let client = match options.connect(url.as_str()).await {
+            Ok(c) => c,
+            Err(e) => return tracing::error!(%url, "cluster: NATS client not started: {e}"),
+        };
+        let subscriber = match client.subscribe(self.subject()).await {
+            Ok(s) => s,
+            Err(e) => return tracing::error!(%url, "cluster: NATS subscription failed: {e}"),
+        };
+        tokio::spawn(self.clone().publish(client, outgoing));
+        tokio::spawn(self.clone().heartbeat());
+        self.receive(subscriber).await;
+    }
+
+    /// Sends this replica's messages in order. A full client buffer (NATS down) makes this wait, and
+    /// the outbox then drops what does not fit.
+    async fn publish(self: Arc<Self>, client: async_nats::Client, mut outgoing: mpsc::Receiver<Msg>) {
+        let subject = self.subject();
+        while let Some(msg) = outgoing.recv().await {
+            let Ok(payload) = serde_json::to_vec(&msg) else { continue };
+            if client.publish(subject.clone(), payload.into()).await.is_err() {
+                self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "publish_failed"), 1);
+            }
+        }
+    }
+
+    async fn receive(&self, mut subscriber: async_nats::Subscriber) {
+        while let Some(m) = subscriber.next().await {
+            match serde_json::from_slice::<Msg>(&m.payload) {
+                Ok(msg) => self.inbox.apply(&self.pools, msg),
+                Err(_) => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
+            }
+        }
+    }
+
+    /// Every `heartbeat`: announce this replica and its live bookings, expire silent replicas, link the
+    /// routers of pools a reload created.
+    async fn heartbeat(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.settings.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.outbox.beat();
+            let (peers, bookings) = self.inbox.expire(Instant::now());
+            self.observe.cluster_gauge(CLUSTER_PEERS, None, peers as f64);
+            self.observe.cluster_gauge(CLUSTER_REMOTE_BOOKINGS, None, bookings as f64);
+            super::link_pools(&self.pools, &self.outbox);
+        }
+    }
+}
+
+fn on_event(observe: &Observer, event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => {
+            observe.cluster_gauge(CLUSTER_NATS_CONNECTED, None, 1.0);
+            observe.cluster_count(CLUSTER_NATS_EVENTS_TOTAL, ("event", "connected"), 1);
+            tracing::info!("cluster: NATS connected");
+        }
+        async_nats::Event::Disconnected => {
+            observe.cluster_gauge(CLUSTER_NATS_CONNECTED, None, 0.0);
+            observe.cluster_count(CLUSTER_NATS_EVENTS_TOTAL, ("event", "disconnected"), 1);
+            tracing::warn!("cluster: NATS disconnected; routing on this replica's own view until it is back");
+        }
+        other => tracing::debug!("cluster: NATS {other}"),
+    }
+}
