@@ -6,6 +6,7 @@ mod accounting_cli;
 mod admin;
 mod architecture;
 mod cli;
+mod cluster;
 mod conn;
 mod count_cli;
 mod doctor;
