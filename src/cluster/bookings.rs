@@ -15,8 +15,8 @@ use mmrouter_core::routing::{Link, Load, Source, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::observe::*;
 use crate::observe::Observer;
+use crate::observe::*;
 use crate::pools::Pools;
 
 /// Messages queued for NATS, beyond which new ones are dropped (counted): a NATS outage must never
@@ -30,13 +30,36 @@ const MAX_DISPATCH_BLOCKS: usize = 8_192;
 #[serde(tag = "k", rename_all = "snake_case")]
 pub enum Msg {
     /// Request `id` admitted on `pool`/`w` with prefill `p`, decode `d` and image `i` tokens.
-    Book { r: String, id: u64, pool: String, w: String, p: u32, d: u32, i: u32 },
-    First { r: String, id: u64 },
-    End { r: String, id: u64 },
+    Book {
+        r: String,
+        id: u64,
+        pool: String,
+        w: String,
+        p: u32,
+        d: u32,
+        i: u32,
+    },
+    First {
+        r: String,
+        id: u64,
+    },
+    End {
+        r: String,
+        id: u64,
+    },
     /// The replica is alive; `live` are its bookings in flight.
-    Beat { r: String, live: Vec<u64> },
+    Beat {
+        r: String,
+        live: Vec<u64>,
+    },
     /// `b` recorded for `pool`/`w` at dispatch, `src` 1 = pending, 2 = approximate.
-    Dispatch { r: String, pool: String, w: String, src: u8, b: Vec<u64> },
+    Dispatch {
+        r: String,
+        pool: String,
+        w: String,
+        src: u8,
+        b: Vec<u64>,
+    },
 }
 
 impl Msg {
@@ -89,12 +112,12 @@ struct PoolLink {
 }
 
 impl Link for PoolLink {
-    fn book(&self, worker: &Worker, load: Load) -> u64 {
+    fn book(&self, worker: &str, load: Load) -> u64 {
         let o = &self.out;
         let id = o.next.fetch_add(1, Ordering::Relaxed);
         o.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
         let (p, d, i) = (load.prefill_tokens, load.decode_tokens, load.image_tokens);
-        o.send(Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.name().to_owned(), p, d, i });
+        o.send(Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.to_owned(), p, d, i });
         o.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "sent"), 1);
         id
     }
@@ -109,14 +132,14 @@ impl Link for PoolLink {
         o.send(Msg::End { r: o.replica.clone(), id: booking });
     }
 
-    fn dispatched(&self, worker: &Worker, blocks: &[u64], source: Source) {
+    fn dispatched(&self, worker: &str, blocks: &[u64], source: Source) {
         let src = match source {
             Source::Pending => 1,
             Source::Approximate => 2,
             Source::Event => return,
         };
         let b = blocks[..blocks.len().min(MAX_DISPATCH_BLOCKS)].to_vec();
-        let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.name().to_owned());
+        let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.to_owned());
         self.out.send(Msg::Dispatch { r, pool, w, src, b });
         self.out.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "sent"), 1);
     }
@@ -174,7 +197,8 @@ impl Inbox {
             }
             Msg::First { id, .. } => {
                 if let Some(b) = peer.bookings.get_mut(&id) {
-                    let prefill = Load { prefill_tokens: std::mem::take(&mut b.load.prefill_tokens), ..Load::default() };
+                    let prefill =
+                        Load { prefill_tokens: std::mem::take(&mut b.load.prefill_tokens), ..Load::default() };
                     b.worker.release_remote(prefill, 0);
                 }
             }
@@ -187,7 +211,9 @@ impl Inbox {
                 let live: HashSet<u64> = live.into_iter().collect();
                 let lost: Vec<u64> = peer.bookings.keys().filter(|id| !live.contains(id)).copied().collect();
                 for id in &lost {
-                    peer.bookings.remove(id).map(Booking::release);
+                    if let Some(b) = peer.bookings.remove(id) {
+                        b.release();
+                    }
                 }
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
             }

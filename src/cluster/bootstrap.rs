@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 
 use super::snapshot::{Frame, Head, Reader};
 use crate::config::ClusterSettings;
-use crate::observe::*;
 use crate::observe::Observer;
+use crate::observe::*;
 use crate::pools::{BootstrapState, Pool, Pools};
 
 /// The snapshot endpoint every replica serves (admin-authenticated).
@@ -205,12 +205,15 @@ fn resume_points(pools: &Pools, head: &Head) -> ResumePoints {
     out
 }
 
+/// One snapshot pool matched here: this replica's pool, and snapshot slot → this replica's worker id.
+type Matched = (Arc<Pool>, HashMap<u16, usize>);
+
 /// A snapshot being grafted: the head's pools and workers matched to this replica's by name.
 #[derive(Default)]
 struct Graft {
     head: Option<Head>,
     /// Per snapshot pool: this replica's pool, and snapshot slot → this replica's worker id.
-    pools: Vec<Option<(Arc<Pool>, HashMap<u16, usize>)>>,
+    pools: Vec<Option<Matched>>,
 }
 
 impl Graft {
@@ -241,7 +244,7 @@ impl Graft {
         }
     }
 
-    fn pool(&self, i: u16) -> Option<&(Arc<Pool>, HashMap<u16, usize>)> {
+    fn pool(&self, i: u16) -> Option<&Matched> {
         self.pools.get(usize::from(i)).and_then(Option::as_ref)
     }
 
@@ -258,7 +261,7 @@ impl Graft {
     }
 }
 
-fn match_pool(own: &[Arc<Pool>], p: &super::snapshot::PoolHead) -> Option<(Arc<Pool>, HashMap<u16, usize>)> {
+fn match_pool(own: &[Arc<Pool>], p: &super::snapshot::PoolHead) -> Option<Matched> {
     let pool = own.iter().find(|o| o.name == p.name)?.clone();
     let mut slots = HashMap::new();
     for w in &p.workers {

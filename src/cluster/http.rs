@@ -40,6 +40,8 @@ async fn snapshot_page(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "application/x-mmrouter-snapshot")], body).into_response()
 }
 
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> impl futures_util::Stream<Item = bytes::Bytes> {
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+) -> impl futures_util::Stream<Item = bytes::Bytes> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

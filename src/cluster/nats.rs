@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use super::bookings::{Inbox, Msg, Outbox};
 use crate::config::ClusterSettings;
-use crate::observe::*;
 use crate::observe::Observer;
+use crate::observe::*;
 use crate::pools::Pools;
 
 /// Longest pause between two reconnection attempts: a restarted NATS is found again within it.

@@ -17,8 +17,8 @@ mod retries;
 mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
-pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 pub use cluster::{ClusterSection, ClusterSettings};
+pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 pub use kv_events::KvEventsSection;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use settings::{

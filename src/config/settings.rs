@@ -7,8 +7,8 @@ use std::time::Duration;
 use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 
-use super::file::ServerSection;
 use super::cluster::ClusterSettings;
+use super::file::ServerSection;
 use super::kv_events::KvEventsSection;
 use super::retries::RetryConfig;
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use mmrouter_core::routing::events::{EventCounts, WorkerEvents};
+use mmrouter_core::routing::events::{EventCounts, RankMap, WorkerEvents};
 use mmrouter_core::routing::{Router, Worker};
 use mmrouter_kv_events::{spawn_feed, FeedEvent, FeedHandle, FeedStats};
 
@@ -86,7 +86,7 @@ struct SyncState {
 /// hash → router key map.
 pub struct EventExport {
     pub seqs: Vec<(u32, u64)>,
-    pub ranks: Vec<(u32, Vec<(u64, Option<u64>)>)>,
+    pub ranks: Vec<(u32, RankMap)>,
 }
 
 impl WorkerFeeds {
@@ -135,7 +135,8 @@ impl WorkerFeeds {
     pub fn settled(&self, grace_over: bool) -> bool {
         let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         let Some(handles) = handles.as_ref() else { return true }; // stopped
-        let resolving = self.resolver.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|t| !t.is_finished());
+        let resolving =
+            self.resolver.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|t| !t.is_finished());
         if handles.is_empty() {
             return !resolving;
         }

@@ -17,9 +17,9 @@ mod workers;
 
 pub use bootstrap::BootstrapState;
 pub use discovery::{discover_now, resolve, Refusals};
+pub use feeds::EventExport;
 pub use health::spawn_checks;
 pub use list::Pools;
-pub use feeds::EventExport;
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
 pub use workers::ChangeError;

@@ -457,6 +457,7 @@ const ROOMS: &[(&str, &[&str])] = &[
     ("state", &["config", "front", "observe", "pools", "upstream"]),
     ("proxy", &["state", "pools", "upstream", "front", "observe", "config", "error"]),
     ("ops", &["state", "pools", "front", "observe", "config", "error"]),
+    ("cluster", &["state", "pools", "observe", "config", "error"]),
 ];
 
 #[test]

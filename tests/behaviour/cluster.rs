@@ -100,7 +100,8 @@ async fn until_learnt(url: &str, chats: &[Vec<u8>]) {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             let v = debug_with_key(url, chat).await;
-            let events: u64 = v["overlap_sources"].as_array().unwrap().iter().map(|o| o["events"].as_u64().unwrap()).sum();
+            let events: u64 =
+                v["overlap_sources"].as_array().unwrap().iter().map(|o| o["events"].as_u64().unwrap()).sum();
             if events >= 4 {
                 break;
             }
@@ -182,7 +183,10 @@ async fn with_no_peer_to_ask_a_replica_replays_the_engines_rings() {
     let c = proxy(vec![], &format!("{}{workers}", base_toml(&cfg))).await;
     let (body, _) = until_ready(&c.url).await;
     assert!(started.elapsed() < Duration::from_secs(10), "gave up on the absent peer: {:?}", started.elapsed());
-    assert_eq!((body["bootstrap"]["state"].as_str(), body["bootstrap"]["source"].as_str()), (Some("complete"), Some("engines")));
+    assert_eq!(
+        (body["bootstrap"]["state"].as_str(), body["bootstrap"]["source"].as_str()),
+        (Some("complete"), Some("engines"))
+    );
     for chat in &chats {
         let (vf, vc) = (debug_with_key(&first.url, chat).await, debug_with_key(&c.url, chat).await);
         assert_eq!(overlaps(&vc), overlaps(&vf), "replayed: {vc}\nlive: {vf}");
@@ -341,7 +345,8 @@ async fn replicas_share_dispatches_and_load_and_a_killed_ones_bookings_expire() 
     until_metric(&r2.url, "mmrouter_cluster_remote_bookings", "", "saw the doomed bookings", |v| v == 4.0).await;
     let mut r1 = r1;
     r1.child.kill().unwrap(); // SIGKILL
-    let took = until_metric(&r2.url, "mmrouter_cluster_remote_bookings", "", "expired r1's bookings", |v| v == 0.0).await;
+    let took =
+        until_metric(&r2.url, "mmrouter_cluster_remote_bookings", "", "expired r1's bookings", |v| v == 0.0).await;
     assert!(took < Duration::from_millis(1500 + 1000), "expired within booking_ttl_ms + a heartbeat: {took:?}");
     assert!(metric(&metrics_of(&r2.url).await, "mmrouter_cluster_bookings_total", "event=\"expired\"") >= 4.0);
     for f in flights {
@@ -354,7 +359,13 @@ async fn replicas_share_dispatches_and_load_and_a_killed_ones_bookings_expire() 
 
 /// `true` when the request succeeded.
 async fn post_quiet(url: String, text: String) -> bool {
-    match client().post(format!("{url}/v1/chat/completions")).header("content-type", "application/json").body(chat_body(&[], &text, false)).send().await {
+    match client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_body(&[], &text, false))
+        .send()
+        .await
+    {
         Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
         Err(_) => false,
     }
@@ -391,7 +402,11 @@ async fn a_nats_restart_under_load_fails_no_request() {
                 let mut i = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     i += 1;
-                    if post_quiet(url.clone(), format!("load {i}")).await { ok += 1 } else { failed += 1 }
+                    if post_quiet(url.clone(), format!("load {i}")).await {
+                        ok += 1
+                    } else {
+                        failed += 1
+                    }
                 }
                 (ok, failed)
             })
@@ -423,7 +438,10 @@ async fn a_nats_restart_under_load_fails_no_request() {
     // Bookings flow again: a slow request through r1 is r2's remote load.
     let applied = metric(&metrics_of(&r2.url).await, "mmrouter_cluster_bookings_total", "event=\"applied\"");
     chat_ok(&r1.url, &chat_body(&[], "after the restart", false)).await;
-    until_metric(&r2.url, "mmrouter_cluster_bookings_total", "event=\"applied\"", "applied a new booking", |v| v > applied).await;
+    until_metric(&r2.url, "mmrouter_cluster_bookings_total", "event=\"applied\"", "applied a new booking", |v| {
+        v > applied
+    })
+    .await;
     let _ = nats.kill();
     let _ = nats.wait();
 }

@@ -54,6 +54,9 @@ pub struct EventCounts {
     pub overflows: u64,
 }
 
+/// One rank's engine hash → router key entries (`None`: unmatchable), as a snapshot carries them.
+pub type RankMap = Vec<(u64, Option<u64>)>;
+
 /// The event state of one worker: each rank's engine hash → router key (`None`: unmatchable), and how
 /// many ranks hold each key.
 pub struct WorkerEvents {
@@ -113,7 +116,7 @@ impl WorkerEvents {
     /// Every rank's engine hash → router key map (`None`: unmatchable), ranks in order: what a router
     /// replica hands a starting one, so that the blocks it later sees stored on top of these, and their
     /// removals, resolve there too.
-    pub fn export(&self) -> Vec<(u32, Vec<(u64, Option<u64>)>)> {
+    pub fn export(&self) -> Vec<(u32, RankMap)> {
         let mut ranks: Vec<_> =
             self.ranks.iter().map(|(&rank, map)| (rank, map.iter().map(|(&h, &k)| (h, k)).collect())).collect();
         ranks.sort_unstable_by_key(|(rank, _)| *rank);

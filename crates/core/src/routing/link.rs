@@ -5,24 +5,24 @@
 //! * [`Link`]: this replica's decisions, in order — a booking (a request admitted on a worker, before
 //!   it is dispatched), its first byte and its end, and the blocks each dispatch records. A router
 //!   without a link (a lone replica) calls nothing.
-//! * Every other replica's bookings reach a worker as its *remote* load ([`Worker::add_remote`],
-//!   [`Worker::release_remote`]); selection weighs local + remote in-flight load, so replicas that
+//! * Every other replica's bookings reach a worker as its *remote* load (`Worker::add_remote`,
+//!   `Worker::release_remote`); selection weighs local + remote in-flight load, so replicas that
 //!   choose a millisecond apart see each other's choice once the message lands. Their dispatch
 //!   records enter the index as they would here ([`super::Router::apply_remote_dispatch`]).
 
 use super::index::Source;
 use super::load::Load;
-use super::worker::Worker;
 
 /// Receives this replica's bookings and dispatch records (see the module docs). Implementations must
 /// not block: they are called on the request's path.
 pub trait Link: Send + Sync {
-    /// A request was admitted on `worker` with `load`; returns the booking's id (unique per replica).
-    fn book(&self, worker: &Worker, load: Load) -> u64;
+    /// A request was admitted on the worker named `worker` with `load`; returns the booking's id
+    /// (unique per replica).
+    fn book(&self, worker: &str, load: Load) -> u64;
     /// The booking's first response byte arrived: its prefill load is released.
     fn first_byte(&self, booking: u64);
     /// The booking ended (response done, failed or cancelled).
     fn finish(&self, booking: u64);
     /// `blocks` were recorded for `worker` with `source` (`Pending` or `Approximate`) at dispatch.
-    fn dispatched(&self, worker: &Worker, blocks: &[u64], source: Source);
+    fn dispatched(&self, worker: &str, blocks: &[u64], source: Source);
 }

@@ -20,8 +20,8 @@
 pub mod events;
 pub mod index;
 mod kv;
-mod link;
 mod least_loaded;
+mod link;
 mod load;
 mod outlier;
 mod policy;
@@ -472,7 +472,7 @@ impl Router {
         let w = self.worker(worker);
         let link = self.link.read().clone();
         // Booked before the guard exists, so the booking leaves before the request is dispatched.
-        let booking = link.as_ref().map(|l| l.book(&w, load));
+        let booking = link.as_ref().map(|l| l.book(w.name(), load));
         let guard = LoadGuard::hold(w, load);
         match (link, booking) {
             (Some(link), Some(id)) => guard.booked(link, id),
@@ -505,7 +505,7 @@ impl Router {
         if let Some(link) = self.link.read().as_ref() {
             for (part, source) in [(confirmed, Source::Pending), (guessed, Source::Approximate)] {
                 if !part.is_empty() {
-                    link.dispatched(&w, part, source);
+                    link.dispatched(w.name(), part, source);
                 }
             }
         }
@@ -668,9 +668,9 @@ mod tests {
     struct Recorder(std::sync::Mutex<Vec<String>>);
 
     impl Link for Recorder {
-        fn book(&self, worker: &Worker, load: Load) -> u64 {
+        fn book(&self, worker: &str, load: Load) -> u64 {
             let mut log = self.0.lock().unwrap();
-            log.push(format!("book {} {}", worker.name(), load.prefill_tokens));
+            log.push(format!("book {worker} {}", load.prefill_tokens));
             log.len() as u64
         }
         fn first_byte(&self, booking: u64) {
@@ -679,8 +679,8 @@ mod tests {
         fn finish(&self, booking: u64) {
             self.0.lock().unwrap().push(format!("finish {booking}"));
         }
-        fn dispatched(&self, worker: &Worker, blocks: &[u64], source: Source) {
-            self.0.lock().unwrap().push(format!("dispatched {} {} {source:?}", worker.name(), blocks.len()));
+        fn dispatched(&self, worker: &str, blocks: &[u64], source: Source) {
+            self.0.lock().unwrap().push(format!("dispatched {worker} {} {source:?}", blocks.len()));
         }
     }
 
