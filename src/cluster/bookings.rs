@@ -11,13 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mmrouter_core::routing::{Link, Load, Source, Worker};
+use mmrouter_core::routing::{Link, Load, Router, Source, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::observe::Observer;
 use crate::observe::*;
-use crate::pools::Pools;
 
 /// Messages queued for NATS, beyond which new ones are dropped (counted): a NATS outage must never
 /// hold up a request.
@@ -92,10 +91,12 @@ impl Outbox {
         Arc::new(PoolLink { pool: pool.to_owned(), out: self.clone() })
     }
 
-    /// Queues a heartbeat listing the live bookings.
+    /// Queues a heartbeat listing the live bookings. Queued under the live set's lock, as bookings
+    /// and ends are: the queue's order is the set's, so a heartbeat never omits a booking queued
+    /// before it nor lists one whose end was queued before it.
     pub fn beat(&self) {
-        let live: Vec<u64> = self.live.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
-        self.send(Msg::Beat { r: self.replica.clone(), live });
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        self.send(Msg::Beat { r: self.replica.clone(), live: live.iter().copied().collect() });
     }
 
     fn send(&self, msg: Msg) {
@@ -115,9 +116,12 @@ impl Link for PoolLink {
     fn book(&self, worker: &str, load: Load) -> u64 {
         let o = &self.out;
         let id = o.next.fetch_add(1, Ordering::Relaxed);
-        o.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
         let (p, d, i) = (load.prefill_tokens, load.decode_tokens, load.image_tokens);
-        o.send(Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.to_owned(), p, d, i });
+        let msg = Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.to_owned(), p, d, i };
+        let mut live = o.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.insert(id);
+        o.send(msg);
+        drop(live);
         o.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "sent"), 1);
         id
     }
@@ -128,7 +132,8 @@ impl Link for PoolLink {
 
     fn finish(&self, booking: u64) {
         let o = &self.out;
-        o.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&booking);
+        let mut live = o.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.remove(&booking);
         o.send(Msg::End { r: o.replica.clone(), id: booking });
     }
 
@@ -144,6 +149,9 @@ impl Link for PoolLink {
         self.out.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "sent"), 1);
     }
 }
+
+/// A pool's router by the pool's name (the pools in force).
+pub type RouterOf<'a> = dyn Fn(&str) -> Option<Arc<Router>> + 'a;
 
 /// One booking of another replica, with the load it still holds.
 struct Booking {
@@ -175,8 +183,9 @@ impl Inbox {
         Inbox { replica, ttl, peers: Mutex::default(), observe }
     }
 
-    /// Applies one message from another replica (this replica's own are ignored).
-    pub fn apply(&self, pools: &Pools, msg: Msg) {
+    /// Applies one message from another replica (this replica's own are ignored); `routers` finds a
+    /// pool's router by the pool's name.
+    pub fn apply(&self, routers: &RouterOf<'_>, msg: Msg) {
         if msg.replica() == self.replica {
             return;
         }
@@ -187,7 +196,7 @@ impl Inbox {
         peer.last_seen = Instant::now();
         match msg {
             Msg::Book { id, pool, w, p, d, i, .. } => {
-                let Some(worker) = self.worker(pools, &pool, &w) else { return };
+                let Some(worker) = self.worker(routers, &pool, &w) else { return };
                 let load = Load { prefill_tokens: p, decode_tokens: d, image_tokens: i };
                 worker.add_remote(load);
                 if let Some(old) = peer.bookings.insert(id, Booking { worker, load }) {
@@ -217,32 +226,32 @@ impl Inbox {
                 }
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
             }
-            Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(pools, (&pool, &w), src, &b),
+            Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(routers, (&pool, &w), src, &b),
         }
     }
 
-    fn dispatch(&self, pools: &Pools, (pool, w): (&str, &str), src: u8, blocks: &[u64]) {
+    fn dispatch(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), src: u8, blocks: &[u64]) {
         let source = match src {
             1 => Source::Pending,
             2 => Source::Approximate,
             _ => return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
         };
-        let Some(p) = pools.list().iter().find(|p| p.name == pool).cloned() else {
+        let Some(router) = routers(pool) else {
             return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
         };
-        let Some(id) = p.router.find(w) else {
+        let Some(id) = router.find(w) else {
             return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
         };
-        p.router.apply_remote_dispatch(id, blocks, source);
+        router.apply_remote_dispatch(id, blocks, source);
         self.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "applied"), 1);
     }
 
-    fn worker(&self, pools: &Pools, pool: &str, w: &str) -> Option<Arc<Worker>> {
-        let Some(p) = pools.list().iter().find(|p| p.name == pool).cloned() else {
+    fn worker(&self, routers: &RouterOf<'_>, pool: &str, w: &str) -> Option<Arc<Worker>> {
+        let Some(router) = routers(pool) else {
             self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
             return None;
         };
-        let found = p.router.lookup(w).map(|(_, w)| w);
+        let found = router.lookup(w).map(|(_, w)| w);
         if found.is_none() {
             self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
         }
@@ -279,5 +288,52 @@ mod tests {
         assert_eq!(text, r#"{"k":"book","r":"r1","id":7,"pool":"p","w":"w0","p":100,"d":16,"i":0}"#);
         assert_eq!(serde_json::from_str::<Msg>(&text).unwrap(), m);
         assert!(serde_json::from_str::<Msg>(r#"{"k":"nuke","r":"x"}"#).is_err());
+    }
+
+    fn router() -> Arc<Router> {
+        let specs = ["w0", "w1"].map(|n| mmrouter_core::routing::WorkerSpec::new(n, "http://127.0.0.1:1")).to_vec();
+        Arc::new(Router::new(Default::default(), specs).unwrap())
+    }
+
+    fn book(r: &str, id: u64, w: &str) -> Msg {
+        Msg::Book { r: r.into(), id, pool: "p".into(), w: w.into(), p: 100, d: 10, i: 5 }
+    }
+
+    #[test]
+    fn bookings_hold_remote_load_until_their_end_a_heartbeat_without_them_or_silence() {
+        let (router, observe) = (router(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe);
+        let w1 = router.worker(1);
+        inbox.apply(&routers, book("other", 1, "w1"));
+        inbox.apply(&routers, book("other", 2, "w1"));
+        inbox.apply(&routers, book("me", 3, "w1")); // our own echo: ignored
+        inbox.apply(&routers, book("other", 4, "nobody")); // unknown worker: dropped
+        assert_eq!((w1.remote_inflight().requests, w1.remote_inflight().prefill_tokens), (2, 200));
+        inbox.apply(&routers, Msg::First { r: "other".into(), id: 1 });
+        inbox.apply(&routers, Msg::First { r: "other".into(), id: 1 }); // doubled: once
+        assert_eq!(w1.remote_inflight().prefill_tokens, 100);
+        inbox.apply(&routers, Msg::End { r: "other".into(), id: 1 });
+        assert_eq!(w1.remote_inflight().requests, 1);
+        // Booking 2's end was lost: the next heartbeat no longer lists it.
+        inbox.apply(&routers, Msg::Beat { r: "other".into(), live: vec![] });
+        assert_eq!(w1.remote_inflight(), Default::default());
+        inbox.apply(&routers, book("other", 5, "w0"));
+        assert_eq!(inbox.expire(Instant::now()), (1, 1));
+        assert_eq!(inbox.expire(Instant::now() + Duration::from_secs(6)), (0, 0), "silent: expired");
+        assert_eq!(router.worker(0).remote_inflight(), Default::default());
+        assert_eq!(router.worker(0).inflight(), Default::default(), "this replica's own load is untouched");
+    }
+
+    #[test]
+    fn dispatch_records_enter_the_index_as_the_sender_recorded_them() {
+        let (router, observe) = (router(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe);
+        let dispatch = |src| Msg::Dispatch { r: "o".into(), pool: "p".into(), w: "w1".into(), src, b: vec![1, 2, 3] };
+        inbox.apply(&routers, dispatch(2));
+        assert_eq!(router.index().probe_detail(&[1, 2, 3], 2)[1].approximate, 3);
+        inbox.apply(&routers, dispatch(9)); // not a source: dropped
+        assert_eq!(router.index_entries().total(), 3);
     }
 }

@@ -82,10 +82,14 @@ impl Nats {
     async fn receive(&self, mut subscriber: async_nats::Subscriber) {
         while let Some(m) = subscriber.next().await {
             match serde_json::from_slice::<Msg>(&m.payload) {
-                Ok(msg) => self.inbox.apply(&self.pools, msg),
+                Ok(msg) => self.inbox.apply(&|name| self.router_of(name), msg),
                 Err(_) => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
             }
         }
+    }
+
+    fn router_of(&self, pool: &str) -> Option<Arc<mmrouter_core::routing::Router>> {
+        self.pools.list().iter().find(|p| p.name == pool).map(|p| p.router.clone())
     }
 
     /// Every `heartbeat`: announce this replica and its live bookings, expire silent replicas, link the
