@@ -6,6 +6,9 @@ rows.tsv:       name, title, status ("ok" or "n/a (reason)"), report json, fallb
 overhead.tsv:   title, shape ("-" when the path did not start), status, report json
 throughput.tsv: title, shape ("-" when the path did not start), status, report jsons (comma-separated
                 repetitions), router CPU µs per request
+replicas.tsv:   mode, row, title, round, status, report json, Σ sims' cached tokens, Σ sims' prompt
+                tokens, prompt tokens per sim (comma-separated), the replicas' /metrics scrapes after the
+                run (comma-separated files), the replicas' mmrouter_cluster_peers before the load
 """
 import argparse
 import json
@@ -291,11 +294,204 @@ def throughput_table(a, out):
     ]
 
 
+REPL_BASE = "one"  # the row the replicas ratios are taken against
+REPL_GOAL_CACHED = 0.97  # issue 24: 3 replicas + [cluster] keep ≥ 0.97× the one router's cached ratio
+REPL_GOAL_TIME = 1.05  # ... and finish the same load within 1.05× its completion time
+CLUSTER_RE = re.compile(r'^mmrouter_cluster_([a-z_]+)(?:\{([^}]*)\})? (\S+)$')
+
+
+def cluster_series(path):
+    """{(name without the prefix, labels): value} of the mmrouter_cluster_* series in one scrape."""
+    series = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                m = CLUSTER_RE.match(line.strip())
+                if m:
+                    series[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return series
+
+
+def num(v):
+    return f"{v:.0f}" if v == int(v) else f"{v:g}"
+
+
+def cluster_summary(rounds):
+    """One line per round of the cluster row: per-replica gauges, counters summed over the replicas."""
+    lines = []
+    for rnd in rounds:
+        per = [cluster_series(p) for p in rnd["proms"]]
+        if not any(per):
+            lines.append(f"round {rnd['round']}: no mmrouter_cluster_* series in the replicas' /metrics")
+            continue
+        gauges = ("peers", "nats_connected", "remote_bookings")
+        parts = [f"peers before the load {rnd['peers'] or '-'}"]
+        for g in gauges:
+            parts.append(f"{g} after the run " + ",".join(num(s[(g, "")]) if (g, "") in s else "-" for s in per))
+        totals = {}
+        for s in per:
+            for (name, labels), v in s.items():
+                if name in gauges or name.startswith("bootstrap"):
+                    continue
+                totals[(name, labels)] = totals.get((name, labels), 0) + v
+        parts += [f"{name}{{{labels}}} {num(v)}" for (name, labels), v in sorted(totals.items()) if v]
+        settled = [cluster_series(p[:-len(".prom")] + ".settled.prom") for p in rnd["proms"]]
+        if any(settled):
+            parts.append("remote_bookings 2.5 s after the run " + ",".join(
+                num(s[("remote_bookings", "")]) if ("remote_bookings", "") in s else "-" for s in settled))
+        boot = ",".join(next((k[1].split('"')[1] for k, v in s.items() if k[0] == "bootstrap" and v == 1), "-")
+                        for s in per)
+        parts.append(f"bootstrap {boot}")
+        lines.append(f"round {rnd['round']}: " + "; ".join(parts))
+    return lines
+
+
+def replicas_table(a, out):
+    rows = read_tsv(a.replicas, 11)
+    data = {}  # (mode, row) -> [round dicts]
+    titles = {}
+    for mode, row, title, rnd, status, path, hits, prompt, split, proms, peers in rows:
+        titles[row] = title
+        r = load(path) if status == "ok" else None
+        d = {"round": rnd, "status": status, "report": r, "split": split, "proms": [p for p in proms.split(",") if p],
+             "peers": peers}
+        if r is not None:
+            d["cached"] = int(hits) / int(prompt) if prompt and int(prompt) > 0 else None
+            d["time"] = r["duration_secs"]
+        data.setdefault((mode, row), []).append(d)
+    median = statistics.median
+
+    def measured(rounds):
+        return [d for d in rounds if d["report"] is not None]
+
+    def round_ratios(mode, row, key):
+        """row / the baseline row in the same round, per round both were measured in."""
+        base = {d["round"]: d for d in measured(data.get((mode, REPL_BASE), []))}
+        return [d[key] / base[d["round"]][key] for d in measured(data.get((mode, row), []))
+                if d["round"] in base and d.get(key) and base[d["round"]].get(key)]
+
+    def ratio_to_base(mode, row, key):
+        """Median over the rounds of row / the baseline row in the same round."""
+        vals = round_ratios(mode, row, key)
+        return median(vals) if vals else None
+
+    def ratio_cell(mode, row, key):
+        vals = round_ratios(mode, row, key)
+        if not vals:
+            return "-"
+        spread = f" ({min(vals):.2f}–{max(vals):.2f})" if len(vals) > 1 else ""
+        return f"{median(vals):.3f}×{spread}"
+
+    nrounds = len(in_order(r[3] for r in rows))
+    out += [
+        "",
+        f"## Replicas (one address spreading requests round-robin over 3 routers; {nrounds} round(s))",
+        "",
+        "| mode | row | ok/sent | failed | cached (sims) | cached (answers) | completion s | p50 ms | p99 ms "
+        "| TTFB p99 | prompt tokens per sim | cached × 1 router | time × 1 router |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    modes = in_order(r[0] for r in rows)
+    order = in_order(r[1] for r in rows)
+    order = [REPL_BASE] + [o for o in ("lone", "cluster", "sgl") if o in order] + \
+        [o for o in order if o not in (REPL_BASE, "lone", "cluster", "sgl")]
+    for mode in modes:
+        for row in order:
+            rounds = data.get((mode, row), [])
+            if not rounds:
+                continue
+            ok_rounds = measured(rounds)
+            bad = [d["status"] for d in rounds if d["report"] is None]
+            if not ok_rounds:
+                out.append(f"| {mode} | {titles[row]} | {bad[0]} |" + " |" * 11)
+                continue
+            reps = [d["report"] for d in ok_rounds]
+            sent = sum(r["requests"] for r in reps)
+            ok = sum(r["ok"] for r in reps)
+            failed = sent - ok
+            errs = {}
+            for r in reps:
+                for k, v in r["errors"].items():
+                    errs[k] = errs.get(k, 0) + v
+            failed_cell = "-" if not failed else f"{failed} ({counts(errs)})"
+            if bad:
+                failed_cell += f"; {len(bad)} round(s) {bad[0]}"
+            cached = [d["cached"] for d in ok_rounds if d["cached"] is not None]
+            cached_cell = f"{100 * median(cached):.1f}%" if cached else "-"
+            usage = f"{100 * median(r['cached_ratio'] for r in reps):.1f}%"
+            if any(r.get("usage_missing") for r in reps):
+                usage += f" ({sum(r.get('usage_missing', 0) for r in reps)} without usage)"
+            t = median(d["time"] for d in ok_rounds)
+            p50 = median(r["latency_ms"]["p50"] for r in reps if r["latency_ms"]["p50"] is not None) if ok else None
+            p99 = median(r["latency_ms"]["p99"] for r in reps if r["latency_ms"]["p99"] is not None) if ok else None
+            t99 = median(r["ttfb_ms"]["p99"] for r in reps if r["ttfb_ms"]["p99"] is not None) if ok else None
+            if row == REPL_BASE:
+                rc = rt = "1 (baseline)"
+            else:
+                rc, rt = ratio_cell(mode, row, "cached"), ratio_cell(mode, row, "time")
+            out.append(
+                f"| {mode} | {titles[row]} | {ok}/{sent} | {failed_cell} | {cached_cell} | {usage} | {t:.2f} "
+                f"| {ms(p50)} | {ms(p99)} | {ms(t99)} | {shares(ok_rounds[0]['split'])} | {rc} | {rt} |"
+            )
+    out += [
+        "",
+        "Each row on 4 fresh sims (cold caches, the routing section's timing model and prefill contention), the "
+        "same seeded multimodal multi-turn workload, the same closed-loop concurrency in total; the load generator "
+        "sends request i to router i mod 3 (a Service without session affinity), so a conversation's turns land on "
+        "different replicas. precise = the sims publish KV events and every router follows them (kv_events); "
+        "approximate = no events, each router knows what it (or, with [cluster], its peers) dispatched. "
+        "cached (sims) = Σ vllm:prefix_cache_hits_total / Σ vllm:prompt_tokens_total over the 4 sims; cached "
+        "(answers) = the same from the answers' usage; completion s = the load generator's wall time from the "
+        "first send to the last answer; failed = requests without a 2xx answer; figures are medians over the "
+        "rounds, ratios the median over the rounds of (row / the 1 router row of the same mode and round), with "
+        "the rounds' lowest–highest in brackets; "
+        "every round runs all rows of both modes, in an order rotated each round. prompt tokens per sim: the "
+        "first round's.",
+        "",
+    ]
+    for mode in modes:
+        c1, t1 = ratio_to_base(mode, "cluster", "cached"), ratio_to_base(mode, "cluster", "time")
+        cl, tl = ratio_to_base(mode, "lone", "cached"), ratio_to_base(mode, "lone", "time")
+        if c1 is None or t1 is None:
+            out.append(f"- goals, {mode}: not measured (the 3 replicas + [cluster] row or the 1 router row did "
+                       "not run)")
+            continue
+        def verdict(ok, key, goal):
+            vals = round_ratios(mode, "cluster", key)
+            word = "holds" if ok else "MISSED"
+            if len(vals) > 1 and min(vals) <= goal <= max(vals):
+                word += f", though the rounds ({min(vals):.2f}–{max(vals):.2f}) straddle {goal}"
+            return word
+
+        g1 = c1 >= REPL_GOAL_CACHED
+        g2 = t1 <= REPL_GOAL_TIME
+        line = (f"- goals, {mode}: cached {c1:.3f}× the 1 router's (goal ≥ {REPL_GOAL_CACHED}: "
+                f"{verdict(g1, 'cached', REPL_GOAL_CACHED)}), completion time {t1:.3f}× (goal ≤ {REPL_GOAL_TIME}: "
+                f"{verdict(g2, 'time', REPL_GOAL_TIME)})")
+        if cl is not None and tl is not None:
+            g3 = c1 >= cl and t1 <= tl and (c1 > cl or t1 < tl)
+            line += (f"; against 3 lone replicas (cached {cl:.3f}×, time {tl:.3f}×): "
+                     f"{'better (holds)' if g3 else 'NOT better (MISSED)'}")
+        else:
+            line += "; 3 lone replicas not measured"
+        out.append(line)
+    out += ["", "better = a cached ratio no lower and a completion time no longer than the 3 lone replicas', "
+            "one of them strictly."]
+    for mode in modes:
+        rounds = data.get((mode, "cluster"), [])
+        lines = cluster_summary(measured(rounds))
+        if lines:
+            out += ["", f"Cluster series of the 3 replicas + [cluster] row, {mode} (mmrouter_cluster_*, after "
+                    "the run; counters summed over the replicas, gauges per replica):", ""]
+            out += [f"- {ln}" for ln in lines]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", required=True)
     ap.add_argument("--overhead", required=True)
     ap.add_argument("--throughput")
+    ap.add_argument("--replicas")
     ap.add_argument("--params", required=True)
     ap.add_argument("--ttft-base-ms", type=float, required=True)
     ap.add_argument("--prefill-us", type=float, required=True)
@@ -308,6 +504,8 @@ def main():
         overhead_table(a, out)
     if a.throughput and read_tsv(a.throughput, 5):
         throughput_table(a, out)
+    if a.replicas and read_tsv(a.replicas, 11):
+        replicas_table(a, out)
     print("\n".join(out))
 
 

@@ -9,7 +9,9 @@
 # load to balance) through mmrouter kv exact (approximate and precise) and sglang-router, and straight to one sim whose KV
 # cache never evicts (the workload's reuse ceiling: every block seen before is cached); then an
 # overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
-# throughput table (two zero-time sims, closed loop, concurrency 16, the same requests).
+# throughput table (two zero-time sims, closed loop, concurrency 16, the same requests); then the
+# replicas section (bench/replicas.sh): 1 router against 3 replicas round-robin (lone, sharing state
+# through [cluster] over a real nats-server, sglang-router), with and without the sims' KV events.
 #
 # Everything listens on 127.0.0.1 only. After the build and the PyPI installs the script re-runs
 # itself inside a network namespace where only loopback exists (`unshare -rn`), so no router can
@@ -18,15 +20,17 @@
 # Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
 # failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
-#   --quick     small workload, short runs (< 10 min on 2 cores once built and installed)
+#   --quick     small workload, short runs (< 10 min on 2 cores once built and installed; the
+#               replicas section alone about 5 min)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
-#   --only=routing,overhead,throughput  run only these sections (default: all three)
+#   --only=routing,overhead,throughput,replicas  run only these sections (default: all four)
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
-#   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput).
+#   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
+#   REPL_ROUNDS (rounds of the replicas section).
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
@@ -35,7 +39,8 @@ BENCH="$ROOT/bench"
 QUICK=0
 BUILD=1
 PEERS=1
-ONLY=routing,overhead,throughput
+ALL_SECTIONS=routing,overhead,throughput,replicas
+ONLY=$ALL_SECTIONS
 PHASE=prepare
 for arg in "$@"; do
   case "$arg" in
@@ -45,7 +50,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,30p' "$0"
+      sed -n '2,34p' "$0"
       exit 0
       ;;
     *)
@@ -71,6 +76,9 @@ fail() { FAILURES+=("$1: $2"); log "FAILED $1: $2"; }
 # An mmrouter or direct row must run; a peer may be missing only when --no-peers skipped it.
 unavailable_is_failure() { [[ $1 != sgl && $1 != vllmr ]] || [[ $PEERS == 1 ]]; }
 trap 'log "FAILED: unexpected error at line $LINENO (exit $?)"' ERR
+# The replicas section's functions (replicas_prepare in phase 1, replicas_section in phase 2).
+# shellcheck source=bench/replicas.sh
+source "$BENCH/replicas.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Phase 1 (network allowed): build, install peers, then re-enter in a loopback-only namespace.
@@ -111,6 +119,7 @@ if [[ $PHASE == prepare ]]; then
     echo "skipped (--no-peers)" >"$WORK/peer-sgl.status"
     echo "skipped (--no-peers)" >"$WORK/peer-vllmr.status"
   fi
+  if section_on replicas; then replicas_prepare; fi
   args=(--phase=run)
   [[ $QUICK == 1 ]] && args+=(--quick)
   [[ $PEERS == 0 ]] && args+=(--no-peers)
@@ -140,6 +149,12 @@ else
   N_SIMS=4 CONVERSATIONS=96 TURNS=4 CONCURRENCY=16 OVERHEAD_N=2000
   THRU_TEXT_N=20000 THRU_IMAGE_N=2000 THRU_U500_N=4000 THRU_U2000_N=2000 THRU_U8000_N=500 THRU_MT_N=3000
   THRU_REPS=5
+fi
+# REPL_*: the replicas section's workload (the routing one's generator and seed) and rounds.
+if [[ $QUICK == 1 ]]; then
+  REPL_CONVERSATIONS=48 REPL_TURNS=4 REPL_CONCURRENCY=8 REPL_ROUNDS=${REPL_ROUNDS:-3}
+else
+  REPL_CONVERSATIONS=96 REPL_TURNS=4 REPL_CONCURRENCY=16 REPL_ROUNDS=${REPL_ROUNDS:-5}
 fi
 THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
@@ -255,6 +270,8 @@ write_config() {
     # A pixel limit below the workload's fallback photos (24 MP and up) and above every other image:
     # the router falls back on them, the sims (like vLLM) serve them.
     printf '[media]\nallow_cidrs = ["127.0.0.0/8"]\nmax_pixels = 16000000\n'
+    # More sections for this router only (the replicas section's [cluster]).
+    [[ -z ${ROUTER_EXTRA_TOML:-} ]] || printf '\n%s\n' "$ROUTER_EXTRA_TOML"
   } >"$file"
 }
 
@@ -327,6 +344,11 @@ IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
 section_on routing && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
+if section_on replicas; then
+  REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS")
+  [[ -d $IMAGES_DIR ]] && REPL_WL_ARGS+=(--images-dir "$IMAGES_DIR")
+  "$LOADGEN" workload "${REPL_WL_ARGS[@]}" --out "$WORK/replicas-workload.jsonl" >&2
+fi
 # Overhead and throughput requests are non-streaming: the proxy's own cost, without stream-flushing
 # effects. Shapes (name|workload options|overhead requests|throughput requests per run): two repeat one
 # body (every router cache hits: "cache hit" rows); the others are new text on every request, as real
@@ -419,6 +441,11 @@ for run in "${RUNS[@]}"; do
   stop_router
   stop_sims
 done
+
+# Replicas: 1 router against 3 replicas behind a round-robin address (bench/replicas.sh).
+REPL="$WORK/replicas.tsv"
+: >"$REPL"
+if section_on replicas; then replicas_section; fi
 
 # The overhead and throughput sections start every path at once (each with its own fresh sims) and
 # take turns: round r sends the same slice of requests through each path in a rotated order. On a
@@ -558,11 +585,12 @@ kv-blocks $KV_BLOCKS, ttft-base ${TTFT_BASE_MS} ms, prefill ${PREFILL_US} us/tok
 max $MAX_TOKENS output tokens); workload seed $SEED, $CONVERSATIONS conversations x $TURNS turns, closed loop \
 concurrency $CONCURRENCY; overhead: sequential requests on one zero-time sim, per shape $OVER_COUNTS; \
 throughput: $THRU_REPS runs per shape of $THRU_COUNTS requests, closed loop concurrency $THRU_CONCURRENCY, \
-$THRU_SIMS zero-time sims; sections $ONLY; script wall time ${ELAPSED} s ($(nproc) CPUs)"
+$THRU_SIMS zero-time sims; replicas: $REPL_ROUNDS round(s), $REPL_CONVERSATIONS conversations x $REPL_TURNS turns, \
+closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${ELAPSED} s ($(nproc) CPUs)"
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
-[[ $ONLY == routing,overhead,throughput && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
-python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --params "$PARAMS" \
+[[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
+python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --params "$PARAMS" \
   --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$OUT"
 cat "$OUT"
 log "raw results in $WORK"

@@ -67,6 +67,10 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "worker": d.map(|d| name(d.worker())),
         "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),
         "workers": router.live_workers().iter().map(|(_, w)| w.name()).collect::<Vec<_>>(),
+        // Per worker slot (as `overlap_blocks`): this replica's in-flight load and other replicas'.
+        "inflight": router.workers().iter().map(|w| serde_json::json!({
+            "worker": w.name(), "local": w.inflight(), "remote": w.remote_inflight(),
+        })).collect::<Vec<_>>(),
     })
 }
 

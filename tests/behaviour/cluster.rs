@@ -335,6 +335,10 @@ async fn replicas_share_dispatches_and_load_and_a_killed_ones_bookings_expire() 
     // Four slow requests through r1: r2 holds them as remote load, then lets them go.
     let flights: Vec<_> = (0..4).map(|i| tokio::spawn(post_quiet(r1.url.clone(), format!("slow {i}")))).collect();
     until_metric(&r2.url, "mmrouter_cluster_remote_bookings", "", "saw r1's 4 bookings", |v| v == 4.0).await;
+    let v = kv_debug(&r2.url, &body).await;
+    let remote: u64 = v["inflight"].as_array().unwrap().iter().map(|w| w["remote"]["requests"].as_u64().unwrap()).sum();
+    let local: u64 = v["inflight"].as_array().unwrap().iter().map(|w| w["local"]["requests"].as_u64().unwrap()).sum();
+    assert_eq!((remote, local), (4, 0), "r2 weighs r1's requests as remote load: {v}");
     for f in flights {
         assert!(f.await.unwrap(), "a slow request succeeded");
     }
