@@ -41,6 +41,7 @@
 //!                 }
 //!                 FeedEvent::Reset { reason } => { /* drop this worker's blocks; count reason.label() */ }
 //!                 FeedEvent::Malformed { error, .. } => { /* count error.label() */ }
+//!                 FeedEvent::Synced => { /* a resumed feed (hold_until_resumed) caught up */ }
 //!             }
 //!         }
 //!     });
