@@ -47,6 +47,7 @@ impl Bootstrapper {
     pub async fn run(self) {
         let started = Instant::now();
         let deadline = started + self.settings.bootstrap_timeout;
+        self.record(); // pending shows while it lasts
         let grafted = tokio::time::timeout_at(deadline.into(), self.fetch_any()).await.ok().flatten();
         let seqs = match &grafted {
             Some((peer, head)) => {

@@ -40,17 +40,7 @@ fn base_toml(cluster: &str) -> String {
 }
 
 async fn debug_with_key(url: &str, body: &[u8]) -> Value {
-    client()
-        .post(format!("{url}/debug/route"))
-        .bearer_auth(ADMIN)
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    debug_route(url, "", body, Some(ADMIN)).await
 }
 
 async fn health(url: &str) -> (u16, Value) {
@@ -376,7 +366,7 @@ async fn post_quiet(url: String, text: String) -> bool {
 }
 
 async fn kv_debug(url: &str, body: &[u8]) -> Value {
-    crate::kv_events::debug(url, body).await
+    debug_route(url, "", body, None).await
 }
 
 /// NATS killed and restarted while both replicas serve: not one request fails; each replica counts

@@ -214,26 +214,13 @@ async fn chat(url: &str, body: &[u8]) -> (String, String, serde_json::Value) {
     (route, worker, r.json().await.unwrap())
 }
 
-async fn debug_route(url: &str, body: &[u8]) -> serde_json::Value {
-    client()
-        .post(format!("{url}/debug/route"))
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
     let c = cluster_with(sims(4, fast).await, "[media]\nallow_cidrs = [\"127.0.0.0/8\"]").await;
     let rocket = data_url("rocket.jpg");
     let body = chat_body(std::slice::from_ref(&rocket), "What is shown here? Answer briefly.", false);
 
-    let plan = debug_route(&c.url, &body).await;
+    let plan = debug_route(&c.url, "", &body, None).await;
     assert_eq!(plan["route"], "exact");
     let image_run = plan["image_tokens"][0].as_u64().unwrap();
     assert!(image_run > 0);
@@ -248,7 +235,7 @@ async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
     // Same text, a different image: only blocks wholly before the image may match.
     let other = data_url("coffee.png");
     let body_b = chat_body(std::slice::from_ref(&other), "What is shown here? Answer briefly.", false);
-    let plan_b = debug_route(&c.url, &body_b).await;
+    let plan_b = debug_route(&c.url, "", &body_b, None).await;
     assert_eq!(plan_b["route"], "exact");
     let prefix = prefix_blocks(&body_b).len() as u64;
     let max_overlap = plan_b["overlap_blocks"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).max().unwrap();
@@ -262,7 +249,7 @@ async fn exact_routing_reuses_image_blocks_and_never_false_hits() {
 async fn extreme_aspect_ratio_falls_back_and_the_workers_400_reaches_the_client() {
     let c = cluster_with(sims(4, fast).await, "").await;
     let body = chat_body(&[png_data_url(5000, 20, 1)], "What is this strip?", false);
-    let plan = debug_route(&c.url, &body).await;
+    let plan = debug_route(&c.url, "", &body, None).await;
     assert_eq!(plan["route"], "text_prefix");
     assert_eq!(plan["reason"], "aspect_ratio");
     assert_eq!(plan["image_tokens"], serde_json::json!([]));
@@ -341,7 +328,7 @@ async fn drift_is_measured_from_worker_usage() {
 async fn debug_route_shows_the_token_ids_on_request() {
     let c = cluster_with(sims(1, fast).await, "").await;
     let body = chat_body(&[data_url("rocket.jpg")], "What is shown here?", false);
-    let plain = debug_route(&c.url, &body).await;
+    let plain = debug_route(&c.url, "", &body, None).await;
     assert!(plain.get("token_ids").is_none(), "ids only when asked for");
     let r = client()
         .post(format!("{}/debug/route?tokens=true", c.url))
@@ -397,7 +384,7 @@ async fn an_unrenderable_text_chat_is_counted_and_routed_by_load() {
         "model": "Qwen/Qwen3-VL-8B-Instruct", "max_tokens": 4, "messages": [{"role": "user", "content": null}]
     }))
     .unwrap();
-    let plan = debug_route(&c.url, &body).await;
+    let plan = debug_route(&c.url, "", &body, None).await;
     assert_eq!(plan["route"], "no_media");
     assert_eq!(plan["reason"], "invalid_request");
     assert_eq!(plan["prompt_tokens"], 0);

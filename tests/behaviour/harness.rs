@@ -146,6 +146,16 @@ pub fn with_uuids(body: &[u8]) -> Vec<u8> {
 }
 
 /// POSTs a JSON `body` to `{url}/v1/chat/completions`.
+/// `POST /debug/route` (with `?query` when not empty) for `body`, with an admin key when given.
+pub async fn debug_route(url: &str, query: &str, body: &[u8], admin_key: Option<&str>) -> serde_json::Value {
+    let sep = if query.is_empty() { "" } else { "?" };
+    let mut req = client().post(format!("{url}/debug/route{sep}{query}")).header("content-type", "application/json");
+    if let Some(key) = admin_key {
+        req = req.bearer_auth(key);
+    }
+    req.body(body.to_vec()).send().await.unwrap().json().await.unwrap()
+}
+
 pub async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
     post_to(url, "/v1/chat/completions", body).await
 }

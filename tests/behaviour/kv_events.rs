@@ -48,16 +48,7 @@ fn removed(hashes: &[u64]) -> Value {
 }
 
 pub(crate) async fn debug(url: &str, body: &[u8]) -> serde_json::Value {
-    client()
-        .post(format!("{url}/debug/route?tokens=true"))
-        .header("content-type", "application/json")
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    debug_route(url, "tokens=true", body, None).await
 }
 
 /// Polls `/debug/route` until worker 0's event-sourced overlap is `want` blocks.
