@@ -24,7 +24,7 @@ REPL_ROWS=(
   "cluster|3 replicas + [cluster]"
   "sgl|3 sglang-router replicas"
 )
-REPL_MODES=(approximate precise)
+read -r -a REPL_MODES <<<"${REPL_MODES_ONLY:-approximate precise}"
 REPL_N=3 # replicas in the multi-replica rows
 
 # Phase 1 (network allowed): nats-server from Debian's package when missing. Writes $WORK/nats.status
@@ -174,6 +174,7 @@ replicas_section() {
       for k in $(seq 0 $((nrows - 1))); do
         i=$(((k + round - 1) % nrows))
         IFS='|' read -r row title <<<"${REPL_ROWS[$i]}"
+        [[ -z ${REPL_ROWS_ONLY:-} || ",$REPL_ROWS_ONLY," == *",$row,"* ]] || continue
         repl_row "$mode" "$round" "$row" "$title"
       done
     done

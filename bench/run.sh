@@ -30,7 +30,10 @@
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
-#   REPL_ROUNDS (rounds of the replicas section).
+#   REPL_ROUNDS (rounds of the replicas section), REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl),
+#   REPL_MODES_ONLY (its modes: "approximate precise"), REPL_WL_EXTRA (more `workload` options for it,
+#   e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
+#   "eviction_weight = 0").
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
@@ -266,7 +269,9 @@ write_config() {
       [[ -z ${SIM_EVENTS[$i]:-} ]] || printf 'kv_events = "%s"\n' "${SIM_EVENTS[$i]}"
       printf '\n'
     done
-    printf '[routing]\npolicy = "%s"\n\n' "$policy"
+    printf '[routing]\npolicy = "%s"\n' "$policy"
+    [[ -z ${BENCH_ROUTING_TOML:-} ]] || printf '%s\n' "$BENCH_ROUTING_TOML"
+    printf '\n'
     # A pixel limit below the workload's fallback photos (24 MP and up) and above every other image:
     # the router falls back on them, the sims (like vLLM) serve them.
     printf '[media]\nallow_cidrs = ["127.0.0.0/8"]\nmax_pixels = 16000000\n'
@@ -345,7 +350,7 @@ WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
 section_on routing && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
 if section_on replicas; then
-  REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS")
+  REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS" ${REPL_WL_EXTRA:-})
   [[ -d $IMAGES_DIR ]] && REPL_WL_ARGS+=(--images-dir "$IMAGES_DIR")
   "$LOADGEN" workload "${REPL_WL_ARGS[@]}" --out "$WORK/replicas-workload.jsonl" >&2
 fi

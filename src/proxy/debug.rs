@@ -59,6 +59,8 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "images": plan.images,
         "block_size": plan.block_size,
         "blocks": plan.blocks.len(),
+        // Text-prefix plans: the leading blocks before the first image; the rest is the affinity tail.
+        "text_blocks": plan.text_blocks,
         "decode_tokens": plan.decode_tokens,
         "overlap_blocks": d.map(|d| &d.overlap_blocks),
         "overlap_sources": d.map(|d| &d.overlap_sources),

@@ -160,7 +160,8 @@ fn body_for(ctx: &mut Ctx, engine: Engine) -> Bytes {
 }
 
 /// Holds the request's load on worker `w` and records its blocks there (at dispatch, so a
-/// concurrent request with the same prefix already sees them; a text-prefix plan has no image keys).
+/// concurrent request with the same prefix already sees them; a text-prefix plan has no image keys,
+/// and its affinity tail is recorded as approximate: no engine announces those keys).
 fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
     let (plan, router) = (ctx.plan(), &ctx.pool().router);
     let decision = ctx.decision.as_ref().expect("selected");
@@ -171,7 +172,8 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
         image_tokens: plan.exact_image_tokens(),
     };
     let guard = router.begin(w, load);
-    router.record_prompt(w, &plan.blocks, plan.first_image_block(), !plan.images_rehashed);
+    let uuid_named = plan.route == Route::Exact && !plan.images_rehashed;
+    router.record_prompt(w, &plan.blocks, plan.first_image_block(), uuid_named);
     if first {
         ctx.dispatched_overlap = Some(overlap);
     }

@@ -63,14 +63,22 @@ async fn snapshot(url: &str, reason: &str) -> (Snapshot, String) {
     (s, t)
 }
 
-/// Text-prefix block keys of a chat body, computed independently of the proxy.
-fn prefix_blocks(body: &[u8]) -> Vec<u64> {
+fn chat_tokens(body: &[u8]) -> plan::ChatTokens {
     let model = QWEN3.load_prompt().unwrap();
     let counter = QWEN3.load_counter(None, &Default::default()).unwrap();
     let request = Request::parse(Endpoint::Chat, body).unwrap();
-    let tokens = plan::tokenize_chat(&model, &request, counter.placeholder(), &Default::default()).unwrap();
-    let seed = plan::seed("qwen3-vl", None, None);
-    plan::block_keys(plan::text_prefix(&tokens), &[], 16, seed)
+    plan::tokenize_chat(&model, &request, counter.placeholder(), &Default::default()).unwrap()
+}
+
+/// Text-prefix block keys of a chat body, computed independently of the proxy.
+fn prefix_blocks(body: &[u8]) -> Vec<u64> {
+    plan::block_keys(plan::text_prefix(&chat_tokens(body)), &[], 16, plan::seed("qwen3-vl", None, None))
+}
+
+/// A text-prefix plan's keys: the prefix, then the affinity tail over the unexpanded prompt (each
+/// image its one placeholder token), computed independently of the proxy.
+fn fallback_blocks(body: &[u8]) -> Vec<u64> {
+    plan::block_keys(&chat_tokens(body).ids, &[], 16, plan::seed("qwen3-vl", None, None))
 }
 
 enum Model {
@@ -103,6 +111,8 @@ struct Case {
     route: &'static str,
     reason: Option<&'static str>,
 }
+
+const TEXT: &str = "Compare these pictures in detail, please.";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_matrix() {
@@ -150,7 +160,7 @@ async fn the_gate_matrix() {
     for case in cases {
         let c = gated_cluster(case.model).await;
         let worker = c.sims[0].name().to_owned();
-        let body = chat_body(&case.images, "Compare these pictures in detail, please.", false);
+        let body = chat_body(&case.images, TEXT, false);
         let reason = case.reason.unwrap_or("none");
         let (before, _) = snapshot(&c.url, reason).await;
 
@@ -183,20 +193,26 @@ async fn the_gate_matrix() {
             assert_eq!(after.img_tok_sum, before.img_tok_sum, "{}: partial image total", case.name);
             assert_eq!(after.images_count, before.images_count, "{}: images sample", case.name);
             assert!(!text.contains(&gauge_line), "{}: image gauge touched on fallback", case.name);
-            // Exactly the text-prefix blocks were installed: no image keys.
-            let expected = if case.reason == Some("unsupported_model") { 0 } else { prefix.len() };
+            // Exactly the text-prefix blocks and the affinity tail were installed: no image keys. The
+            // tail does not depend on the images (the same text with other images has the same keys).
+            let installed = fallback_blocks(&body);
+            assert!(installed.starts_with(&prefix), "{}", case.name);
+            let others: Vec<String> = (0..case.images.len() as u32).map(|i| png_data_url(50 + i, 40, 200)).collect();
+            let other = chat_body(&others, TEXT, false);
+            assert_eq!(fallback_blocks(&other), installed, "{}: the tail names an image", case.name);
+            let expected = if case.reason == Some("unsupported_model") { 0 } else { installed.len() };
             assert_eq!(c.state.pools()[0].router.index_blocks(), expected, "{}: index contents", case.name);
             if expected > 0 {
                 let d = c.state.pools()[0]
                     .router
                     .select(&SelectRequest {
-                        blocks: &prefix,
+                        blocks: &installed,
                         block_size: 16,
-                        prompt_tokens: prefix.len() as u32 * 16,
+                        prompt_tokens: installed.len() as u32 * 16,
                         decode_tokens: 0,
                     })
                     .unwrap();
-                assert_eq!(d.overlap_blocks[0] as usize, prefix.len(), "{}", case.name);
+                assert_eq!(d.overlap_blocks[0] as usize, installed.len(), "{}", case.name);
             }
         }
         for l in c.state.pools()[0].router.loads() {
@@ -399,4 +415,42 @@ async fn an_unrenderable_text_chat_is_counted_and_routed_by_load() {
     let ok = chat_body(&[], "Hello there", false);
     let _ = post(&c.url, ok).await;
     assert_eq!(metric(&metrics_text(&c.url).await, "mmrouter_prompt_unrendered_total", series), after);
+}
+
+/// A conversation whose image the router cannot account (here: over its pixel limit, which the worker
+/// serves) keeps its worker on the next turn: the text-prefix plan's affinity tail matches the turn it
+/// sent before, so the worker's cache of the image is reused, and the request still falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_that_falls_back_keeps_its_worker() {
+    let c = cluster_with(sims(4, fast).await, "[media]\nmax_pixels = 1000000").await;
+    let large = png_data_url(1200, 1000, 41);
+    let turn1 = chat_body(std::slice::from_ref(&large), "What is in this picture?", false);
+    let mut v: serde_json::Value = serde_json::from_slice(&turn1).unwrap();
+    let messages = v["messages"].as_array_mut().unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": "A flat grey surface, nothing else."}));
+    messages.push(serde_json::json!({"role": "user", "content": "Are you sure? Look at the corners again."}));
+    let turn2 = serde_json::to_vec(&v).unwrap();
+
+    let (route1, w1, _) = chat(&c.url, &turn1).await;
+    assert_eq!(route1, "text_prefix");
+    let plan = debug_route(&c.url, "", &turn2, None).await;
+    assert_eq!(plan["route"], "text_prefix");
+    let text_blocks = plan["text_blocks"].as_u64().unwrap();
+    assert_eq!(text_blocks as usize, prefix_blocks(&turn2).len());
+    let workers: Vec<String> = serde_json::from_value(plan["workers"].clone()).unwrap();
+    let overlap: Vec<u64> = serde_json::from_value(plan["overlap_blocks"].clone()).unwrap();
+    let held = overlap[workers.iter().position(|w| *w == w1).unwrap()];
+    // Past the image: as far as turn 2's keys agree with turn 1's.
+    assert!(held > text_blocks, "the tail did not match: {held} blocks on {w1}, text prefix {text_blocks}");
+    let (k1, k2) = (fallback_blocks(&turn1), fallback_blocks(&turn2));
+    assert_eq!(held as usize, k1.iter().zip(&k2).take_while(|(a, b)| a == b).count());
+    for (w, &o) in workers.iter().zip(&overlap) {
+        assert!(*w == w1 || o <= text_blocks, "{w} holds {o} blocks of a conversation it never served");
+    }
+
+    let (route2, w2, v2) = chat(&c.url, &turn2).await;
+    assert_eq!((route2.as_str(), w2.as_str()), ("text_prefix", w1.as_str()));
+    // The worker reused turn 1's prompt, the image's tokens included (far more than the text prefix).
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 16 * held, "cached {cached} tokens, the router's keys alone cover {}", 16 * held);
 }

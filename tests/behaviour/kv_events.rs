@@ -210,8 +210,9 @@ async fn precise_routing_follows_the_simulators_cache() {
     assert_eq!(metric(&page, "mmrouter_kv_events_total", &format!("{w},kind=\"unmatchable\"")), 0.0, "{page}");
 }
 
-/// Starts one sim publishing `format` events and a proxy whose single worker runs `engine` and follows them.
-async fn event_cluster(format: mmrouter_sim::KvEventsFormat, engine: &str) -> Cluster {
+/// Starts one sim publishing `format` events and a proxy whose single worker runs `engine` and follows
+/// them; `extra` is TOML placed before the worker (sections allowed).
+async fn event_cluster(format: mmrouter_sim::KvEventsFormat, engine: &str, extra: &str) -> Cluster {
     let sim = sims(1, |o| {
         fast(o);
         o.kv_events = Some("tcp://127.0.0.1:0".into());
@@ -220,7 +221,7 @@ async fn event_cluster(format: mmrouter_sim::KvEventsFormat, engine: &str) -> Cl
     .await
     .remove(0);
     let toml = format!(
-        "[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nengine = {engine:?}\nkv_events = {:?}\n",
+        "{extra}\n[server]\nhealth_interval_ms = 0\n[[workers]]\nname = {:?}\nurl = {:?}\nengine = {engine:?}\nkv_events = {:?}\n",
         sim.name(),
         sim.url(),
         sim.kv_events_endpoint().unwrap()
@@ -259,7 +260,7 @@ async fn image_blocks_stay_approximate(c: &Cluster, body: &[u8]) -> u64 {
 /// prompt keeps its predicted overlap there instead of losing it when the pending entries expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_image_blocks_stay_approximate() {
-    let c = event_cluster(mmrouter_sim::KvEventsFormat::Sglang, "sglang").await;
+    let c = event_cluster(mmrouter_sim::KvEventsFormat::Sglang, "sglang", "").await;
     let a = chat_body(&[png_data_url(224, 224, 9)], &unique("what colour is it"), false);
     let image_blocks = image_blocks_stay_approximate(&c, &a).await;
     let page = metrics_text(&c.url).await;
@@ -275,12 +276,32 @@ async fn sglang_image_blocks_stay_approximate() {
 /// not name the image as the router does: the image blocks are recorded approximate from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_image_blocks_with_request_kwargs_stay_approximate() {
-    let c = event_cluster(mmrouter_sim::KvEventsFormat::VllmMap, "vllm").await;
+    let c = event_cluster(mmrouter_sim::KvEventsFormat::VllmMap, "vllm", "").await;
     let body = chat_body(&[png_data_url(224, 224, 11)], &unique("kwargs"), false);
     let mut v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     v["mm_processor_kwargs"] = serde_json::json!({"max_pixels": 1003520});
     let body = serde_json::to_vec(&v).unwrap();
     image_blocks_stay_approximate(&c, &body).await;
+}
+
+/// A fallback's affinity tail (the prompt past its first image, unexpanded) can never be announced by
+/// the engine: on a vLLM worker with events its text prefix is confirmed by events and the tail is
+/// recorded approximate, never pending (pending entries would expire and the affinity with them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallbacks_affinity_tail_stays_approximate_on_vllm() {
+    let c = event_cluster(mmrouter_sim::KvEventsFormat::VllmMap, "vllm", "[media]\nmax_pixels = 1000000").await;
+    let body = chat_body(&[png_data_url(1200, 1000, 12)], &unique("too large for the router"), false);
+    let plan = debug(&c.url, &body).await;
+    assert_eq!(plan["route"], "text_prefix", "{plan}");
+    let (blocks, text) = (plan["blocks"].as_u64().unwrap(), plan["text_blocks"].as_u64().unwrap());
+    assert!(text >= 1 && blocks > text, "{plan}");
+    chat(&c.url, &body).await;
+    let v =
+        until(&c.url, &body, "confirmed the text prefix", |v| v["overlap_sources"][0]["events"].as_u64() == Some(text))
+            .await;
+    assert_eq!(v["overlap_sources"][0]["pending"], 0, "{v}");
+    assert_eq!(v["overlap_sources"][0]["approximate"], blocks - text, "{v}");
+    assert_eq!(v["overlap_blocks"][0], blocks, "{v}");
 }
 
 /// Issue 20: feeds were started once, for the first workers: a worker added at run time had none,

@@ -1,6 +1,7 @@
 //! **The gate** (after Dynamo PR #16947): a request with images is planned `Exact` only if *every* image
-//! was read, accounted and expanded; any failure makes it a `TextPrefix { reason }` plan whose blocks are
-//! only those before the first image, carrying nothing of the images that did succeed. Also where a
+//! was read, accounted and expanded; any failure makes it a `TextPrefix { reason }` plan whose engine
+//! keys are only those before the first image, followed by an affinity tail over the unexpanded prompt
+//! (each image one placeholder token), carrying nothing of the images that did succeed. Also where a
 //! plan's block keys are cut from its ids ([`Gate::set_blocks`]), for every route.
 
 use crate::accounting::{RunPart, TextExpansion};
@@ -42,7 +43,7 @@ impl Gate<'_> {
                 out.plan.route = Route::TextPrefix { reason };
                 // Without a known placeholder the image position is unknown: route by load only.
                 if let (Ok(tokens), Some(_)) = (&tokens, self.placeholder) {
-                    self.set_blocks(out, plan::text_prefix(tokens), &[], seed, false);
+                    self.set_fallback_blocks(out, tokens, seed);
                 }
             }
             (Err(e), Ok(_)) if has_media => out.plan.route = Route::TextPrefix { reason: e.label() },
@@ -64,7 +65,7 @@ impl Gate<'_> {
                 }
                 Err(e) => {
                     out.plan.route = Route::TextPrefix { reason: e.label() };
-                    self.set_blocks(out, plan::text_prefix(&tokens), &[], seed, false);
+                    self.set_fallback_blocks(out, &tokens, seed);
                 }
             },
         }
@@ -92,6 +93,16 @@ impl Gate<'_> {
             .collect();
         let runs = runs.ok_or(PlanError::InvalidRequest("mixed image expansions".into()))?;
         plan::expand(self.model, tokens, &runs)
+    }
+
+    /// A text-prefix plan's blocks: the text before the first image, then the affinity tail over the
+    /// unexpanded rest (each image its one placeholder token, so no image's identity or size is in
+    /// it). Without the tail every fallback turn of every conversation behind the same system prompt
+    /// would route on the same keys and scatter over the pool, re-prefilling its history each turn.
+    fn set_fallback_blocks(&self, out: &mut Draft, tokens: &ChatTokens, seed: u64) {
+        let prefix = plan::text_prefix(tokens).len();
+        self.set_blocks(out, &tokens.ids, &[], seed, false);
+        out.plan.text_blocks = Some((prefix / self.block_size.max(1) as usize).min(out.plan.blocks.len()));
     }
 
     /// The plan routes on `ids` (with `spans`): its block keys, its token count, and whether that is

@@ -14,7 +14,8 @@ use crate::media::ProbeTiming;
 pub enum Route {
     /// Every image accounted exactly: blocks cover the whole prompt, images included.
     Exact,
-    /// Some image (or the model) could not be accounted: blocks cover only the text before the first image.
+    /// Some image (or the model) could not be accounted: the engine's own keys cover only the text
+    /// before the first image; the conversation's affinity tail follows them (see [`RoutePlan::text_blocks`]).
     TextPrefix { reason: &'static str },
     /// No media in the request: blocks cover the whole prompt.
     NoMedia,
@@ -65,7 +66,8 @@ pub struct RoutePlan {
     /// Chained KV block keys routing matches against the index.
     pub blocks: Vec<u64>,
     pub block_size: u32,
-    /// Prompt tokens routing is based on: the whole prompt (exact, no_media) or the text prefix.
+    /// Prompt tokens routing is based on: the whole prompt (exact, no_media), or on a text-prefix plan
+    /// the prompt with each image as its one placeholder token (a lower bound of what the engine sees).
     pub prompt_tokens: u32,
     /// True when `prompt_tokens` is the whole prompt the model sees (drift is then measurable).
     pub prompt_exact: bool,
@@ -79,6 +81,12 @@ pub struct RoutePlan {
     /// Why a chat without media has no ids (its template, tokenizer or request the router cannot
     /// render exactly): it routes by load alone, and the reason is counted.
     pub unrendered: Option<&'static str>,
+    /// Text-prefix plans: how many leading `blocks` are the text before the first image, the engine's
+    /// own keys. The rest is the affinity tail: keys over the prompt as the template renders it, each
+    /// image left as its one placeholder token, so a conversation that fell back keeps its worker on the
+    /// next turn. The tail carries nothing of any image (no identity, no token count); no engine can
+    /// announce those keys, so they are recorded as approximate entries and never confirmed.
+    pub text_blocks: Option<usize>,
 }
 
 impl RoutePlan {
@@ -94,6 +102,7 @@ impl RoutePlan {
             decode_tokens,
             images_rehashed: false,
             unrendered: None,
+            text_blocks: None,
         }
     }
 
@@ -102,9 +111,10 @@ impl RoutePlan {
         RoutePlan::empty(Route::Passthrough, block_size, 0)
     }
 
-    /// Index of the first block holding image tokens; `blocks.len()` when none does.
+    /// Index of the first block holding image tokens (on a text-prefix plan, the first block of its
+    /// affinity tail); `blocks.len()` when none does.
     pub fn first_image_block(&self) -> usize {
-        let first = self.spans.first().map(|s| (s.offset / self.block_size.max(1)) as usize);
+        let first = self.spans.first().map(|s| (s.offset / self.block_size.max(1)) as usize).or(self.text_blocks);
         first.unwrap_or(self.blocks.len()).min(self.blocks.len())
     }
 
