@@ -145,7 +145,6 @@ pub fn with_uuids(body: &[u8]) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// POSTs a JSON `body` to `{url}/v1/chat/completions`.
 /// `POST /debug/route` (with `?query` when not empty) for `body`, with an admin key when given.
 pub async fn debug_route(url: &str, query: &str, body: &[u8], admin_key: Option<&str>) -> serde_json::Value {
     let sep = if query.is_empty() { "" } else { "?" };
@@ -156,6 +155,7 @@ pub async fn debug_route(url: &str, query: &str, body: &[u8], admin_key: Option<
     req.body(body.to_vec()).send().await.unwrap().json().await.unwrap()
 }
 
+/// POSTs a JSON `body` to `{url}/v1/chat/completions`.
 pub async fn post(url: &str, body: Vec<u8>) -> reqwest::Response {
     post_to(url, "/v1/chat/completions", body).await
 }
