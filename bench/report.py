@@ -9,6 +9,8 @@ throughput.tsv: title, shape ("-" when the path did not start), status, report j
 replicas.tsv:   mode, row, title, round, status, report json, Σ sims' cached tokens, Σ sims' prompt
                 tokens, prompt tokens per sim (comma-separated), the replicas' /metrics scrapes after the
                 run (comma-separated files), the replicas' mmrouter_cluster_peers before the load
+precise.tsv:    concurrency, mode, round, status, report json, Σ sims' cached tokens, Σ sims' prompt tokens,
+                prompt tokens per sim (comma-separated)
 """
 import argparse
 import json
@@ -486,12 +488,91 @@ def replicas_table(a, out):
             out += [f"- {ln}" for ln in lines]
 
 
+PREC_KEYS = (  # (key, title, better when higher)
+    ("cached", "cached (sims)", True),
+    ("p50", "p50 ms", False),
+    ("p99", "p99 ms", False),
+)
+
+
+def precise_table(a, out):
+    """Precise against approximate mode, round by round, per concurrency, with the goal's verdict."""
+    data = {}  # (concurrency, mode) -> {round: figures}
+    bad = []
+    for conc, mode, rnd, status, path, hits, prompt, split in read_tsv(a.precise, 8):
+        r = load(path) if status == "ok" else None
+        if r is None:
+            bad.append(f"concurrency {conc} {mode} round {rnd}: {status}")
+            continue
+        data.setdefault((conc, mode), {})[rnd] = {
+            "cached": int(hits) / int(prompt) if prompt and int(prompt) > 0 else None,
+            "p50": r["latency_ms"]["p50"], "p99": r["latency_ms"]["p99"], "ttfb50": r["ttfb_ms"]["p50"],
+            "time": r["duration_secs"], "ok": r["ok"], "sent": r["requests"], "split": split,
+        }
+    median = statistics.median
+    concs = in_order(k[0] for k in data)
+    nrounds = len(in_order(r for v in data.values() for r in v))
+    out += [
+        "",
+        f"## Precise against approximate mode, in turns ({nrounds} round(s))",
+        "",
+        "| concurrency | mode | ok/sent | cached (sims) | p50 ms | p99 ms | TTFB p50 | completion s "
+        "| prompt tokens per sim | cached × approx. | p50 × approx. | p99 × approx. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for conc in concs:
+        appr, prec = data.get((conc, "approximate"), {}), data.get((conc, "precise"), {})
+        for mode, rounds in (("approximate", appr), ("precise", prec)):
+            if not rounds:
+                continue
+            figs = list(rounds.values())
+
+            def med(key):
+                vals = [f[key] for f in figs if f[key] is not None]
+                return median(vals) if vals else None
+
+            cells = []
+            for key, _, _ in PREC_KEYS:
+                per = [rounds[r][key] / appr[r][key] for r in rounds
+                       if r in appr and rounds[r][key] and appr[r][key]] if mode == "precise" else []
+                cells.append(f"{median(per):.3f}× ({min(per):.2f}–{max(per):.2f})" if per else "-")
+            cached = med("cached")
+            out.append(
+                f"| {conc} | {mode} | {sum(f['ok'] for f in figs)}/{sum(f['sent'] for f in figs)} "
+                f"| {'-' if cached is None else f'{100 * cached:.1f}%'} | {ms(med('p50'))} | {ms(med('p99'))} "
+                f"| {ms(med('ttfb50'))} | {med('time'):.2f} | {shares(figs[0]['split'])} | " + " | ".join(cells) + " |")
+        if not appr or not prec:
+            verdicts.append(f"- concurrency {conc}: not measured (a mode did not run)")
+            continue
+        parts = []
+        for key, title, higher in PREC_KEYS:
+            pv = median(f[key] for f in prec.values())
+            av = median(f[key] for f in appr.values())
+            ok = pv >= av if higher else pv <= av
+            shown = (lambda v: f"{100 * v:.1f}%") if key == "cached" else (lambda v: f"{v:.1f} ms")
+            parts.append(f"{title} {shown(pv)} vs {shown(av)} ({'holds' if ok else 'MISSED'})")
+        verdicts.append(f"- concurrency {conc}, precise ≥ approximate: " + "; ".join(parts))
+    out += [
+        "",
+        "Both modes: mmrouter kv with exact accounting on 4 fresh sims per run (cold caches, the routing "
+        "section's workload, timing model and prefill contention); precise = the sims publish KV events and the "
+        "router follows them. Figures are medians over the rounds; the × columns are the median over the rounds "
+        "of precise / approximate in the same round (lowest–highest in brackets). Each round runs both modes at "
+        "every concurrency, the mode that goes first alternating. cached (sims) = Σ vllm:prefix_cache_hits_total "
+        "/ Σ vllm:prompt_tokens_total; p50 / p99 = whole-response latency; prompt tokens per sim: the first "
+        "round's.",
+        "",
+    ] + verdicts + [f"- not measured: {b}" for b in bad]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", required=True)
     ap.add_argument("--overhead", required=True)
     ap.add_argument("--throughput")
     ap.add_argument("--replicas")
+    ap.add_argument("--precise")
     ap.add_argument("--params", required=True)
     ap.add_argument("--ttft-base-ms", type=float, required=True)
     ap.add_argument("--prefill-us", type=float, required=True)
@@ -500,6 +581,8 @@ def main():
     out = ["# mmrouter routing benchmark", "", a.params, ""]
     if read_tsv(a.rows, 7):
         main_table(a, out)
+    if a.precise and read_tsv(a.precise, 8):
+        precise_table(a, out)
     if read_tsv(a.overhead, 4):
         overhead_table(a, out)
     if a.throughput and read_tsv(a.throughput, 5):

@@ -7,7 +7,8 @@
 # each against freshly started `mmrouter sim` workers (cold caches, bounded KV, a timing model,
 # prefill contention), plus rows replaying the workload one request at a time (concurrency 1: no
 # load to balance) through mmrouter kv exact (approximate and precise) and sglang-router, and straight to one sim whose KV
-# cache never evicts (the workload's reuse ceiling: every block seen before is cached); then an
+# cache never evicts (the workload's reuse ceiling: every block seen before is cached); then the
+# precise section (bench/precise.sh): approximate and precise mode in turns, round by round; then an
 # overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
 # throughput table (two zero-time sims, closed loop, concurrency 16, the same requests); then the
 # replicas section (bench/replicas.sh): 1 router against 3 replicas round-robin (lone, sharing state
@@ -24,15 +25,15 @@
 #               replicas section alone about 5 min)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
-#   --only=routing,overhead,throughput,replicas  run only these sections (default: all four)
+#   --only=routing,precise,overhead,throughput,replicas  run only these sections (default: all five)
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
-#   REPL_ROUNDS (rounds of the replicas section), REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl),
-#   REPL_MODES_ONLY (its modes: "approximate precise"), REPL_WL_EXTRA (more `workload` options for it,
-#   e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
+#   PREC_ROUNDS (rounds of the precise section), REPL_ROUNDS (rounds of the replicas section),
+#   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl), REPL_MODES_ONLY (its modes: "approximate
+#   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0").
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
@@ -42,7 +43,7 @@ BENCH="$ROOT/bench"
 QUICK=0
 BUILD=1
 PEERS=1
-ALL_SECTIONS=routing,overhead,throughput,replicas
+ALL_SECTIONS=routing,precise,overhead,throughput,replicas
 ONLY=$ALL_SECTIONS
 PHASE=prepare
 for arg in "$@"; do
@@ -53,7 +54,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,34p' "$0"
+      sed -n '2,38p' "$0"
       exit 0
       ;;
     *)
@@ -82,6 +83,9 @@ trap 'log "FAILED: unexpected error at line $LINENO (exit $?)"' ERR
 # The replicas section's functions (replicas_prepare in phase 1, replicas_section in phase 2).
 # shellcheck source=bench/replicas.sh
 source "$BENCH/replicas.sh"
+# The precise section's functions (precise mode against approximate mode, in turns).
+# shellcheck source=bench/precise.sh
+source "$BENCH/precise.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Phase 1 (network allowed): build, install peers, then re-enter in a loopback-only namespace.
@@ -159,6 +163,8 @@ if [[ $QUICK == 1 ]]; then
 else
   REPL_CONVERSATIONS=96 REPL_TURNS=4 REPL_CONCURRENCY=16 REPL_ROUNDS=${REPL_ROUNDS:-5}
 fi
+# PREC_ROUNDS: rounds of the precise section (each runs both modes at both concurrencies).
+if [[ $QUICK == 1 ]]; then PREC_ROUNDS=${PREC_ROUNDS:-5}; else PREC_ROUNDS=${PREC_ROUNDS:-3}; fi
 THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
 CEILING_KV_BLOCKS=4000000 # 64M tokens: far more than any workload here, so nothing is evicted
@@ -348,7 +354,7 @@ log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
 IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
-section_on routing && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
+{ section_on routing || section_on precise; } && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
 if section_on replicas; then
   REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS" ${REPL_WL_EXTRA:-})
   [[ -d $IMAGES_DIR ]] && REPL_WL_ARGS+=(--images-dir "$IMAGES_DIR")
@@ -446,6 +452,11 @@ for run in "${RUNS[@]}"; do
   stop_router
   stop_sims
 done
+
+# Precise mode against approximate mode, in turns (bench/precise.sh).
+PREC="$WORK/precise.tsv"
+: >"$PREC"
+if section_on precise; then precise_section; fi
 
 # Replicas: 1 router against 3 replicas behind a round-robin address (bench/replicas.sh).
 REPL="$WORK/replicas.tsv"
@@ -595,7 +606,7 @@ closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${EL
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
 [[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
-python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --params "$PARAMS" \
+python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --precise "$PREC" --params "$PARAMS" \
   --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$OUT"
 cat "$OUT"
 log "raw results in $WORK"

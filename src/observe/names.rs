@@ -30,6 +30,14 @@ pub const WORKER_INFLIGHT_IMAGE_TOKENS: &str = "mmrouter_worker_inflight_image_t
 pub const WORKER_INFLIGHT_REQUESTS: &str = "mmrouter_worker_inflight_requests";
 /// Gauge `{worker}`: prompt tokens dispatched and not yet answered with a first byte.
 pub const WORKER_INFLIGHT_PREFILL_TOKENS: &str = "mmrouter_worker_inflight_prefill_tokens";
+/// Gauge `{worker}`: images the router's residency model says the worker's engine still holds in its
+/// processor or encoder cache (learnt from the router's own exact dispatches).
+pub const WORKER_IMAGES_RESIDENT: &str = "mmrouter_worker_images_resident";
+/// Counter `{worker}`: the engine's own `vllm:mm_cache_queries` (images looked up in its processor
+/// cache), mirrored from its `/metrics` at each health check.
+pub const WORKER_ENGINE_MM_CACHE_QUERIES: &str = "mmrouter_worker_engine_mm_cache_queries_total";
+/// Counter `{worker}`: the engine's own `vllm:mm_cache_hits` (of those, found there).
+pub const WORKER_ENGINE_MM_CACHE_HITS: &str = "mmrouter_worker_engine_mm_cache_hits_total";
 /// Histogram `{route}`: prompt tokens the chosen worker already held (predicted).
 pub const KV_OVERLAP_TOKENS: &str = "mmrouter_kv_overlap_tokens";
 /// Histogram `{stage}`: seconds spent per pipeline stage.
@@ -180,6 +188,9 @@ fn describe(r: &PrometheusRecorder) {
     gauge(WORKER_INFLIGHT_IMAGE_TOKENS, "Image tokens in flight per worker (exact route only).");
     gauge(WORKER_INFLIGHT_REQUESTS, "Requests in flight per worker.");
     gauge(WORKER_INFLIGHT_PREFILL_TOKENS, "Uncached prompt tokens dispatched and not yet answered, per worker.");
+    gauge(WORKER_IMAGES_RESIDENT, "Images the router's model says a worker's engine still holds outside its KV cache.");
+    counter(WORKER_ENGINE_MM_CACHE_QUERIES, "The engine's processor-cache lookups (vllm:mm_cache_queries), per worker.");
+    counter(WORKER_ENGINE_MM_CACHE_HITS, "The engine's processor-cache hits (vllm:mm_cache_hits), per worker.");
     histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
     histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");
     histogram(IMAGE_PROBE_DURATION_SECONDS, Some(Unit::Seconds), "Time to read and probe one image.");

@@ -117,9 +117,15 @@ impl Observer {
                 g.set(if state == now { 1.0 } else { 0.0 });
             }
             series.gauge_for(WORKER_INFLIGHT_PREFILL_TOKENS, &[]).set(load.prefill_tokens as f64);
-            // Only workers that carried exact-routed images show the image gauge.
+            // Only workers that carried exact-routed images show the image gauges.
             if w.has_carried_images() {
                 series.gauge_for(WORKER_INFLIGHT_IMAGE_TOKENS, &[]).set(load.image_tokens as f64);
+                series.gauge_for(WORKER_IMAGES_RESIDENT, &[]).set(w.images_resident() as f64);
+            }
+            // The engine's own processor-cache counters, where its /metrics carries them.
+            if let Some(c) = w.engine_mm_cache() {
+                series.counter_for(WORKER_ENGINE_MM_CACHE_QUERIES, &[]).absolute(c.queries);
+                series.counter_for(WORKER_ENGINE_MM_CACHE_HITS, &[]).absolute(c.hits);
             }
         }
     }

@@ -2,6 +2,7 @@
 //! marked down through the router (which forgets its cached blocks); one that answers again is put
 //! back, and a passing check also ends a half-open period. The checks feed the same state machine as
 //! request outcomes (`mmrouter_core::routing::outlier`); an ejected worker serves its back-off first.
+//! Each round also reads the engines' multimodal-cache counters (`engine_metrics`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ pub fn spawn_checks(pools: &Arc<Pools>, interval: Option<Duration>) {
             let Some(pools) = weak.upgrade() else { return };
             for pool in pools.list().iter() {
                 check_pool(&client, &pool.router).await;
+                super::engine_metrics::scrape_pool(&client, &pool.router).await;
             }
         }
     });

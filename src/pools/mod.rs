@@ -8,6 +8,7 @@
 
 mod bootstrap;
 mod discovery;
+mod engine_metrics;
 mod feeds;
 mod health;
 mod list;

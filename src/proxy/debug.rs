@@ -8,7 +8,7 @@ use axum::extract::{Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use mmrouter_core::pipeline::{Planned, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, Router};
+use mmrouter_core::routing::{Decision, ImageUse, Router};
 
 use super::context::Ctx;
 use super::forward::select_request;
@@ -35,8 +35,10 @@ async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Va
     let pool = st.pools.pool_for(model).ok_or_else(|| ApiError::model_not_found(model))?;
     let planned = pool.pipeline.plan_with(&request, tokens).await?;
     let plan = &planned.plan;
-    let decision = pool.router.select(&select_request(plan));
+    let req = select_request(plan);
+    let decision = pool.router.select(&req);
     let mut out = decision_json(&pool.router, plan, decision.as_ref());
+    out["image_residency"] = residency_json(&pool.router, &req.images);
     out["pool"] = pool.name.clone().into();
     if tokens {
         let trace = trace_json(&planned);
@@ -65,6 +67,7 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "overlap_blocks": d.map(|d| &d.overlap_blocks),
         "overlap_sources": d.map(|d| &d.overlap_sources),
         "costs": d.map(|d| &d.costs),
+        "image_credit": d.map(|d| &d.image_credit),
         "policy": d.map(|d| d.policy),
         "worker": d.map(|d| name(d.worker())),
         "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),
@@ -74,6 +77,16 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
             "worker": w.name(), "local": w.inflight(), "remote": w.remote_inflight(),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Per worker slot, how likely its engine still holds each of the request's images (processor and
+/// encoder cache, in [0, 1]): the model behind `image_credit`.
+fn residency_json(router: &Router, images: &[ImageUse]) -> serde_json::Value {
+    let workers = router.workers();
+    let per_worker = workers.iter().map(|w| serde_json::json!({
+        "worker": w.name(), "images_resident": w.images_resident(), "held": w.images_held(images),
+    }));
+    serde_json::Value::Array(per_worker.collect())
 }
 
 /// The plan and its trace as JSON (what `/debug/route?tokens=true` adds, and `mmrouter render` prints).

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mmrouter_core::pipeline::{splice_uuids, Route, RoutePlan};
-use mmrouter_core::routing::{Engine, Failure, Load, LoadGuard, SelectRequest, Transition};
+use mmrouter_core::routing::{Engine, Failure, ImageUse, Load, LoadGuard, SelectRequest, Transition};
 
 use super::context::Ctx;
 use crate::error::ApiError;
@@ -46,7 +46,18 @@ pub fn select_request(plan: &RoutePlan) -> SelectRequest<'_> {
         block_size: plan.block_size,
         prompt_tokens: plan.prompt_tokens,
         decode_tokens: plan.decode_tokens,
+        images: image_uses(plan),
     }
+}
+
+/// The images an engine caches under the router's names: an exact plan's, unless the request's
+/// kwargs make vLLM hash them into other names. Empty for every other plan (a fallback names none).
+fn image_uses(plan: &RoutePlan) -> Vec<ImageUse> {
+    if plan.route != Route::Exact || plan.images_rehashed || plan.images.len() != plan.spans.len() {
+        return Vec::new();
+    }
+    let uses = plan.images.iter().zip(&plan.spans);
+    uses.map(|(i, s)| ImageUse { key: s.hash, tokens: i.feature_tokens, end: s.end() }).collect()
 }
 
 /// Tries the ranked candidates in order (see the module docs).
@@ -174,6 +185,7 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
     let guard = router.begin(w, load);
     let uuid_named = plan.route == Route::Exact && !plan.images_rehashed;
     router.record_prompt(w, &plan.blocks, plan.first_image_block(), uuid_named);
+    router.images_sent(w, &image_uses(plan));
     if first {
         ctx.dispatched_overlap = Some(overlap);
     }

@@ -210,6 +210,7 @@ async fn the_gate_matrix() {
                         block_size: 16,
                         prompt_tokens: installed.len() as u32 * 16,
                         decode_tokens: 0,
+                        images: Vec::new(),
                     })
                     .unwrap();
                 assert_eq!(d.overlap_blocks[0] as usize, installed.len(), "{}", case.name);

@@ -1,12 +1,19 @@
 //! `kv` (the default): cache- and load-aware cost per worker,
 //!
 //! ```text
-//! cost = prefill_weight × (uncached prompt tokens + in-flight prefill tokens
-//!                          + eviction_weight × evicted tokens)
+//! cost = prefill_weight × (uncached prompt tokens + queue_weight × in-flight prefill tokens
+//!                          + eviction_weight × evicted tokens − image credit)
 //!      + decode_weight  × in-flight decode tokens
 //! uncached = prompt_tokens − overlap_blocks × block_size   (saturating)
 //! evicted  = (new blocks − free blocks) × block_size        (saturating; 0 while the room is unknown)
+//! image credit = Σ over the request's images not inside the worker's cached prefix of
+//!                tokens × (image_encoder_weight × encoder-cache confidence
+//!                          + image_preprocess_weight × processor-cache confidence)
 //! ```
+//!
+//! The image credit is the work a worker skips because its engine likely still holds an image the
+//! request carries (its vision-encoder output, or its processed pixels) although the image's KV blocks
+//! are gone or were never there (a new prefix around a known image): see `residency.rs`.
 //!
 //! The eviction term needs the worker's KV events (its fill and, once it has evicted, its capacity).
 //! Without it, a prompt sharing a long prefix with one worker always goes there: with no load to
@@ -26,6 +33,7 @@ use super::policy::{argmin_random_tie, softmax_sample, Candidates, Pick, Policy}
 pub(crate) struct Kv {
     pub prefill_weight: f64,
     pub decode_weight: f64,
+    pub queue_weight: f64,
     pub eviction_weight: f64,
     pub temperature: f64,
 }
@@ -45,8 +53,11 @@ impl Kv {
             None => 0,
         };
         self.prefill_weight
-            * (uncached.saturating_add(load.prefill_tokens) as f64 + self.eviction_weight * evicted as f64)
+            * (uncached as f64
+                + self.queue_weight * load.prefill_tokens as f64
+                + self.eviction_weight * evicted as f64)
             + self.decode_weight * load.decode_tokens as f64
+            - self.prefill_weight * c.image_credit.get(worker).copied().unwrap_or(0.0)
     }
 }
 

@@ -25,6 +25,7 @@ mod link;
 mod load;
 mod outlier;
 mod policy;
+pub mod residency;
 mod round_robin;
 mod worker;
 
@@ -37,9 +38,10 @@ pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use link::Link;
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
-pub use worker::{Admission, Engine, LoadGuard, Worker, WorkerSpec};
+pub use worker::{Admission, Engine, EngineMmCache, LoadGuard, Worker, WorkerSpec};
 
 pub use policy::SelectRequest;
+pub use residency::{Held, ImageBudgets, ImageUse};
 
 use policy::{Candidates, Policy};
 
@@ -63,6 +65,12 @@ pub struct RoutingConfig {
     pub prefill_weight: f64,
     /// Weight of in-flight decode tokens in the `kv` cost.
     pub decode_weight: f64,
+    /// Weight, relative to the request's own uncached tokens, of the prefill tokens already in flight
+    /// on a worker (its queue) in the `kv` cost. Below 1 because the tokens a miss computes delay every
+    /// request queued behind them on that worker and store a second copy of a prefix another worker
+    /// holds, while the queue delays this request alone (and is counted whole until each request's
+    /// first byte, although part of it is already computed). See `kv.rs` and docs/benchmarks.md.
+    pub queue_weight: f64,
     /// Weight, relative to `prefill_weight`, of the cached tokens a worker would have to evict to store
     /// the request's new blocks (known only for workers whose KV events show a full cache): what the
     /// cache's earlier users will recompute. 0 ignores cache room.
@@ -80,6 +88,17 @@ pub struct RoutingConfig {
     /// Seconds a dispatch to a worker that publishes KV events counts as cached there until its own
     /// event confirms it (`Pending` entries); unconfirmed, it expires.
     pub pending_ttl_secs: u64,
+    /// Prefill tokens one image token's vision-encoder pass costs (the `kv` cost credits a worker
+    /// whose encoder cache likely holds a request's image with this × its tokens). 0 turns it off.
+    pub image_encoder_weight: f64,
+    /// Prefill tokens one image token's decode + preprocessing costs (credited where the processor
+    /// cache likely holds the image). 0 turns it off.
+    pub image_preprocess_weight: f64,
+    /// The workers' encoder-cache budget in encoder tokens (vLLM: max(max_num_batched_tokens, the
+    /// largest image); `vllm serve` on a large GPU batches 8192 tokens).
+    pub encoder_cache_tokens: u64,
+    /// The workers' processor cache in GiB (vLLM's `--mm-processor-cache-gb`, default 4; 0 = off).
+    pub processor_cache_gb: f64,
     /// `[routing.ejection]`: passive outlier detection (see [`outlier`]).
     pub ejection: EjectionConfig,
 }
@@ -90,12 +109,17 @@ impl Default for RoutingConfig {
             policy: PolicyKind::Kv,
             prefill_weight: 1.0,
             decode_weight: 1.0,
+            queue_weight: 0.25,
             eviction_weight: 1.0,
             temperature: 0.0,
             index_max_blocks: 1_000_000,
             index_worker_share: 0.5,
             index_ttl_secs: 600,
             pending_ttl_secs: 30,
+            image_encoder_weight: 0.35,
+            image_preprocess_weight: 0.25,
+            encoder_cache_tokens: 8192,
+            processor_cache_gb: 4.0,
             ejection: EjectionConfig::default(),
         }
     }
@@ -147,8 +171,12 @@ impl RoutingConfig {
         for (key, value) in [
             ("routing.prefill_weight", self.prefill_weight),
             ("routing.decode_weight", self.decode_weight),
+            ("routing.queue_weight", self.queue_weight),
             ("routing.eviction_weight", self.eviction_weight),
             ("routing.temperature", self.temperature),
+            ("routing.image_encoder_weight", self.image_encoder_weight),
+            ("routing.image_preprocess_weight", self.image_preprocess_weight),
+            ("routing.processor_cache_gb", self.processor_cache_gb),
         ] {
             if !value.is_finite() || value < 0.0 {
                 return Err(RoutingError::InvalidNumber { key, value });
@@ -175,6 +203,12 @@ impl RoutingConfig {
         Ok(())
     }
 
+    /// The workers' image-cache budgets (`residency`).
+    pub fn image_budgets(&self) -> ImageBudgets {
+        let bytes = (self.processor_cache_gb * (1u64 << 30) as f64) as u64;
+        ImageBudgets { encoder_tokens: self.encoder_cache_tokens, processor_bytes: bytes }
+    }
+
     /// Most `Event` entries one worker may hold in the index (at least 1).
     pub fn worker_share_blocks(&self) -> usize {
         ((self.index_max_blocks as f64 * self.index_worker_share) as usize).max(1)
@@ -196,6 +230,9 @@ pub struct Decision {
     /// Each worker's score under the policy, lower is better (kv: the cost; least_loaded: in-flight
     /// requests; round_robin: 0). NaN (`null` in JSON) for unhealthy workers.
     pub costs: Vec<f64>,
+    /// Prefill-token equivalents each worker saves through the request's images its engine likely
+    /// still holds outside the KV cache (the `kv` cost subtracts it; see `residency`).
+    pub image_credit: Vec<f64>,
     pub policy: &'static str,
     /// The candidates themselves: while the decision lives, their ids cannot be given to another
     /// worker (see [`Router`]).
@@ -240,6 +277,32 @@ pub struct Router {
     share: usize,
     /// The cluster this router's decisions are shared with (none for a lone replica).
     link: parking_lot::RwLock<Option<Arc<dyn Link>>>,
+    images: ImageAffinity,
+}
+
+/// How the router weighs the images its workers likely still hold (`[routing] image_*`).
+#[derive(Clone, Copy, Debug)]
+struct ImageAffinity {
+    budgets: ImageBudgets,
+    encoder_weight: f64,
+    preprocess_weight: f64,
+}
+
+impl ImageAffinity {
+    /// Prefill-token equivalents `worker` saves on the request's images that are not inside its cached
+    /// prefix (`overlap_tokens`): those the KV cache already covers cost it nothing either way.
+    fn credit(&self, worker: &Worker, images: &[ImageUse], overlap_tokens: u64) -> f64 {
+        let outside: Vec<ImageUse> = images.iter().filter(|i| i.end > overlap_tokens).copied().collect();
+        if outside.is_empty() || (self.encoder_weight == 0.0 && self.preprocess_weight == 0.0) {
+            return 0.0;
+        }
+        let held = worker.images_held(&outside);
+        outside
+            .iter()
+            .zip(held)
+            .map(|(i, h)| f64::from(i.tokens) * (self.encoder_weight * h.encoder + self.preprocess_weight * h.processor))
+            .sum()
+    }
 }
 
 /// A validated set of worker changes for one router, holding its worker list locked until it is
@@ -250,6 +313,7 @@ pub struct Change<'a> {
     retire: Vec<usize>,
     /// (slot, spec) per added worker, in the order given.
     add: Vec<(usize, WorkerSpec)>,
+    budgets: ImageBudgets,
 }
 
 impl Change<'_> {
@@ -262,7 +326,7 @@ impl Change<'_> {
         }
         let mut ids = Vec::with_capacity(self.add.len());
         for (slot, spec) in std::mem::take(&mut self.add) {
-            let worker = Arc::new(Worker::new(spec));
+            let worker = Arc::new(Worker::with_image_budgets(spec, self.budgets));
             match self.workers.get_mut(slot) {
                 Some(old) => *old = worker,
                 None => self.workers.push(worker),
@@ -291,6 +355,7 @@ impl Router {
             PolicyKind::Kv => Box::new(kv::Kv {
                 prefill_weight: cfg.prefill_weight,
                 decode_weight: cfg.decode_weight,
+                queue_weight: cfg.queue_weight,
                 eviction_weight: cfg.eviction_weight,
                 temperature: cfg.temperature,
             }),
@@ -299,9 +364,16 @@ impl Router {
         };
         let index = BlockIndex::new(cfg.index_max_blocks, cfg.index_ttl_secs, cfg.pending_ttl_secs)
             .with_worker_share(cfg.worker_share_blocks());
+        let budgets = cfg.image_budgets();
+        let workers = workers.into_iter().map(|w| Arc::new(Worker::with_image_budgets(w, budgets))).collect();
         Ok(Router {
             index,
-            workers: parking_lot::RwLock::new(workers.into_iter().map(|w| Arc::new(Worker::new(w))).collect()),
+            workers: parking_lot::RwLock::new(workers),
+            images: ImageAffinity {
+                budgets,
+                encoder_weight: cfg.image_encoder_weight,
+                preprocess_weight: cfg.image_preprocess_weight,
+            },
             policy,
             share: cfg.worker_share_blocks(),
             ejection: cfg.ejection,
@@ -400,7 +472,8 @@ impl Router {
             return Err(RoutingError::TooManyWorkers { got: live + add.len(), max: MAX_WORKERS });
         }
         let slots = self.free_slots(&workers, add.len()).ok_or(RoutingError::NoFreeSlot)?;
-        Ok(Change { workers, retire: retire.to_vec(), add: slots.into_iter().zip(add).collect() })
+        let add = slots.into_iter().zip(add).collect();
+        Ok(Change { workers, retire: retire.to_vec(), add, budgets: self.images.budgets })
     }
 
     /// `n` slots for new workers: reusable ones first (the list stays as short as the pool, which keeps
@@ -458,13 +531,29 @@ impl Router {
         let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
         let inflight: Vec<InFlight> = workers.iter().map(|w| w.total_inflight()).collect();
         let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
-        let candidates =
-            Candidates { req, eligible: &eligible, overlap_blocks: &overlap_blocks, inflight: &inflight, room: &room };
+        let image_credit = self.image_credit(&workers, req, &overlap_blocks);
+        let candidates = Candidates {
+            req,
+            eligible: &eligible,
+            overlap_blocks: &overlap_blocks,
+            inflight: &inflight,
+            room: &room,
+            image_credit: &image_credit,
+        };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
         let held = candidates.iter().map(|&i| workers[i].clone()).collect();
         let policy = self.policy.name();
-        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, policy, held })
+        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, image_credit, policy, held })
+    }
+
+    /// Per worker, the image credit of the request (all 0 without images).
+    fn image_credit(&self, workers: &[Arc<Worker>], req: &SelectRequest<'_>, overlap: &[u32]) -> Vec<f64> {
+        if req.images.is_empty() {
+            return vec![0.0; workers.len()];
+        }
+        let bs = u64::from(req.block_size);
+        workers.iter().zip(overlap).map(|(w, &o)| self.images.credit(w, &req.images, u64::from(o) * bs)).collect()
     }
 
     /// Holds the request's load on `worker` until the guard drops (see [`LoadGuard`]).
@@ -508,6 +597,17 @@ impl Router {
                     link.dispatched(w.name(), part, source);
                 }
             }
+        }
+    }
+
+    /// Remembers that `worker`'s engine was sent these images (call at dispatch, exact route only: a
+    /// fallback names no image).
+    pub fn images_sent(&self, worker: usize, images: &[ImageUse]) {
+        if images.is_empty() {
+            return;
+        }
+        if let Some(w) = self.workers.read().get(worker) {
+            w.images_sent(images);
         }
     }
 
@@ -633,6 +733,10 @@ mod tests {
         assert_eq!(c.policy, PolicyKind::Kv);
         assert_eq!((c.prefill_weight, c.decode_weight, c.temperature), (1.0, 1.0, 0.0));
         assert_eq!((c.index_max_blocks, c.index_ttl_secs, c.pending_ttl_secs), (1_000_000, 600, 30));
+        assert_eq!((c.queue_weight, c.eviction_weight), (0.25, 1.0));
+        assert_eq!((c.image_encoder_weight, c.image_preprocess_weight), (0.35, 0.25));
+        assert_eq!((c.encoder_cache_tokens, c.processor_cache_gb), (8192, 4.0));
+        assert_eq!(c.image_budgets().processor_bytes, 4 << 30);
         assert_eq!(c.validate(), Ok(()));
     }
 
@@ -702,7 +806,7 @@ mod tests {
     fn other_replicas_bookings_weigh_in_selection_and_their_records_enter_the_index() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
         let blocks = [11u64, 12, 13, 14];
-        let req = SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0 };
+        let req = SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0, images: Vec::new() };
         // Another replica sent this prompt to b: b now holds it here too.
         r.apply_remote_dispatch(1, &blocks, Source::Approximate);
         assert_eq!(r.select(&req).unwrap().worker(), 1);
@@ -734,7 +838,7 @@ mod tests {
     #[test]
     fn candidates_are_the_healthy_workers_best_first() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b", "c", "d"])).unwrap();
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0 };
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0, images: Vec::new() };
         let busy = r.begin(2, Load { prefill_tokens: 500, decode_tokens: 0, image_tokens: 0 });
         let d = r.select(&req).unwrap();
         assert_eq!(d.candidates.len(), 4);
@@ -768,7 +872,7 @@ mod tests {
         let cfg = RoutingConfig { ejection, ..RoutingConfig::default() };
         let r = Router::new(cfg, specs(&["a", "b", "c", "d"])).unwrap();
         let blocks = [11, 12, 13];
-        let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0 };
+        let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0, images: Vec::new() };
         for w in 0..4 {
             r.record(w, &blocks);
         }
@@ -799,7 +903,7 @@ mod tests {
     fn a_half_open_worker_takes_one_probe_at_a_time() {
         let ejection = EjectionConfig { consecutive_failures: 1, base_ejection_ms: 30, ..Default::default() };
         let r = Router::new(RoutingConfig { ejection, ..RoutingConfig::default() }, specs(&["a", "b"])).unwrap();
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0 };
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0, images: Vec::new() };
         assert!(r.failed(0, Failure::Error, false).is_some());
         while r.worker(0).availability() == Availability::Ejected {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -831,7 +935,7 @@ mod tests {
         assert_eq!(r.index_entries().total(), 0, "removed workers leave nothing in the index");
 
         // A slot named by a live decision, guard or holder is not reused.
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 1, decode_tokens: 0 };
+        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 1, decode_tokens: 0, images: Vec::new() };
         let id = r.add_worker(WorkerSpec::new("held", "http://127.0.0.1:1")).unwrap();
         let decision = r.select(&req).unwrap();
         assert!(decision.candidates.contains(&id));

@@ -4,6 +4,7 @@
 use rand::{Rng, RngCore};
 
 use super::load::InFlight;
+use super::residency::ImageUse;
 
 /// What `select` needs to know about a request.
 pub struct SelectRequest<'a> {
@@ -14,6 +15,8 @@ pub struct SelectRequest<'a> {
     pub prompt_tokens: u32,
     /// Expected decode tokens (e.g. `max_tokens`).
     pub decode_tokens: u32,
+    /// The images of an exact plan (empty otherwise): what the image-residency credit weighs.
+    pub images: Vec<ImageUse>,
 }
 
 /// What a policy sees for one request; every slice is indexed by worker.
@@ -24,6 +27,9 @@ pub(crate) struct Candidates<'a> {
     pub inflight: &'a [InFlight],
     /// Free blocks in each worker's KV cache, where its events made the capacity known.
     pub room: &'a [Option<u64>],
+    /// Prefill-token equivalents each worker saves through the images it likely still holds in its
+    /// processor and encoder caches (see `residency`); all 0 without images.
+    pub image_credit: &'a [f64],
 }
 
 /// A policy's choice and the per-worker score behind it (lower is better; NaN = not eligible).

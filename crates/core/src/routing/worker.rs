@@ -20,6 +20,7 @@ use super::outlier::{Availability, Outlier};
 
 use super::link::Link;
 use super::load::{InFlight, Load, LoadCounters};
+use super::residency::{Held, ImageBudgets, ImageUse, Residency};
 
 /// What the configuration says about a worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +69,18 @@ pub struct Worker {
     /// Other replicas' bookings on this worker (see `super::link`).
     remote: LoadCounters,
     cache: CacheRoom,
+    /// The images its engine likely still holds in its processor and encoder caches.
+    images: parking_lot::Mutex<Residency>,
+    /// The engine's own processor-cache counters, as last read from its `/metrics`.
+    engine_mm_cache: parking_lot::Mutex<Option<EngineMmCache>>,
+}
+
+/// An engine's `vllm:mm_cache_queries` / `vllm:mm_cache_hits` (images looked up in its processor
+/// cache / found there), summed over its engine ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineMmCache {
+    pub queries: u64,
+    pub hits: u64,
 }
 
 /// What the worker's own events say about its KV cache's fill: blocks held now, and the capacity, known
@@ -80,8 +93,13 @@ struct CacheRoom {
 }
 
 impl Worker {
-    /// A worker starts healthy: the first failed check or connect takes it out.
+    /// A worker starts healthy: the first failed check or connect takes it out. Its image caches
+    /// are modelled with vLLM's default budgets.
     pub fn new(spec: WorkerSpec) -> Worker {
+        Worker::with_image_budgets(spec, super::RoutingConfig::default().image_budgets())
+    }
+
+    pub fn with_image_budgets(spec: WorkerSpec, budgets: ImageBudgets) -> Worker {
         Worker {
             spec,
             outlier: Mutex::new(Outlier::new()),
@@ -93,7 +111,34 @@ impl Worker {
             load: LoadCounters::default(),
             remote: LoadCounters::default(),
             cache: CacheRoom::default(),
+            images: parking_lot::Mutex::new(Residency::new(budgets)),
+            engine_mm_cache: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The engine's processor-cache counters, if its `/metrics` was read and carried them.
+    pub fn engine_mm_cache(&self) -> Option<EngineMmCache> {
+        *self.engine_mm_cache.lock()
+    }
+
+    pub fn set_engine_mm_cache(&self, counters: EngineMmCache) {
+        *self.engine_mm_cache.lock() = Some(counters);
+    }
+
+    /// The worker's engine was sent these images on the exact route.
+    pub fn images_sent(&self, images: &[ImageUse]) {
+        self.images.lock().sent(images);
+    }
+
+    /// How likely the worker's engine still holds each image, per cache.
+    pub fn images_held(&self, images: &[ImageUse]) -> Vec<Held> {
+        let r = self.images.lock();
+        images.iter().map(|i| r.held(i.key)).collect()
+    }
+
+    /// Images its modelled caches hold.
+    pub fn images_resident(&self) -> usize {
+        self.images.lock().len()
     }
 
     pub fn name(&self) -> &str {

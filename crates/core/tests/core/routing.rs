@@ -1,6 +1,8 @@
 //! Behaviour of the routing facade: the policies' choices given index contents and in-flight load.
 
-use mmrouter_core::routing::{BySource, Decision, Load, PolicyKind, Router, RoutingConfig, SelectRequest, WorkerSpec};
+use mmrouter_core::routing::{
+    BySource, Decision, ImageUse, Load, PolicyKind, Router, RoutingConfig, SelectRequest, WorkerSpec,
+};
 
 const BS: u32 = 16;
 
@@ -31,7 +33,7 @@ fn blocks(seed: u64, n: usize) -> Vec<u64> {
 }
 
 fn req(blocks: &[u64]) -> SelectRequest<'_> {
-    SelectRequest { blocks, block_size: BS, prompt_tokens: blocks.len() as u32 * BS, decode_tokens: 32 }
+    SelectRequest { blocks, block_size: BS, prompt_tokens: blocks.len() as u32 * BS, decode_tokens: 32, images: Vec::new() }
 }
 
 fn prefill(tokens: u32) -> Load {
@@ -382,4 +384,60 @@ fn cache_room_follows_the_events() {
     assert_eq!(w.cache_capacity(), Some(130));
     w.report_cache(0, false); // restarted: empty, the capacity stays
     assert_eq!(w.cache_room(), Some(130));
+}
+
+/// A request of `n` blocks whose one image of `tokens` encoder tokens sits in blocks 2.. (after a
+/// 32-token text prefix), named `key`.
+fn image_req(blocks: &[u64], key: u128, tokens: u32) -> SelectRequest<'_> {
+    let image = ImageUse { key, tokens, end: 32 + u64::from(tokens) };
+    SelectRequest { images: vec![image], ..req(blocks) }
+}
+
+#[test]
+fn the_image_credit_goes_to_the_worker_whose_engine_holds_the_image() {
+    let r = router(PolicyKind::Kv, 3);
+    let b = blocks(7, 40); // a new prefix: no worker holds any block of it
+    r.images_sent(2, &[ImageUse { key: 42, tokens: 256, end: 0 }]);
+    for _ in 0..100 {
+        let d = select(&r, &image_req(&b, 42, 256), &[true, true, true]).expect("healthy workers");
+        assert_eq!(d.worker(), 2, "{:?}", d.costs);
+        // Just sent: full confidence in both caches, so 256 × (0.35 + 0.25) prefill tokens credited.
+        assert!((d.image_credit[2] - 256.0 * 0.6).abs() < 1e-6, "{:?}", d.image_credit);
+        assert_eq!(&d.image_credit[..2], &[0.0, 0.0]);
+        assert!((d.costs[0] - d.costs[2] - 256.0 * 0.6).abs() < 1e-6);
+    }
+    // An image of another request is no credit, and load still weighs against the credit.
+    let other = select(&r, &image_req(&b, 43, 256), &[true, true, true]).unwrap();
+    assert_eq!(other.image_credit, vec![0.0; 3]);
+    let _busy = r.begin(2, prefill(1_000));
+    assert_ne!(select(&r, &image_req(&b, 42, 256), &[true, true, true]).unwrap().worker(), 2);
+}
+
+#[test]
+fn the_image_credit_fades_and_ends_as_the_engines_lru_would_evict() {
+    let cfg = RoutingConfig { encoder_cache_tokens: 1_000, processor_cache_gb: 0.0, ..RoutingConfig::default() };
+    let r = Router::new(cfg, names(2)).unwrap();
+    let b = blocks(9, 40);
+    let credit = |r: &Router| select(r, &image_req(&b, 1, 200), &[true, true]).unwrap().image_credit[0];
+    r.images_sent(0, &[ImageUse { key: 1, tokens: 200, end: 0 }]);
+    assert!((credit(&r) - 200.0 * 0.35).abs() < 1e-6, "encoder cache only (processor cache off)");
+    r.images_sent(0, &[ImageUse { key: 2, tokens: 400, end: 0 }]);
+    assert!((credit(&r) - 200.0 * 0.35 * 0.5).abs() < 1e-6, "400 of the 800 tokens it leaves used since");
+    r.images_sent(0, &[ImageUse { key: 3, tokens: 390, end: 0 }]);
+    assert!((credit(&r) - 200.0 * 0.35 * 10.0 / 800.0).abs() < 1e-6, "all but 10 of them used since");
+    r.images_sent(0, &[ImageUse { key: 4, tokens: 20, end: 0 }]);
+    assert_eq!(credit(&r), 0.0, "evicted: 200 + 400 + 390 + 20 > 1000");
+}
+
+#[test]
+fn an_image_inside_the_cached_prefix_earns_no_credit() {
+    let r = router(PolicyKind::Kv, 2);
+    let b = blocks(11, 40);
+    r.record(0, &b[..30]); // 480 cached tokens reach past the image's end (32 + 256 = 288)
+    r.images_sent(0, &[ImageUse { key: 5, tokens: 256, end: 0 }]);
+    r.images_sent(1, &[ImageUse { key: 5, tokens: 256, end: 0 }]);
+    let d = select(&r, &image_req(&b, 5, 256), &[true, true]).unwrap();
+    assert_eq!(d.image_credit[0], 0.0, "the KV cache already skips the image there");
+    assert!(d.image_credit[1] > 0.0);
+    assert_eq!(d.worker(), 0, "480 cached tokens beat 153.6 credited");
 }

@@ -1,0 +1,183 @@
+//! What a worker's engine keeps of the images it was sent outside its KV cache, modelled from the
+//! router's own dispatches: vLLM's **processor cache** (decoded, resized, patchified pixels;
+//! `--mm-processor-cache-gb`, LRU by bytes) and its **encoder cache** (vision-encoder outputs, sized in
+//! encoder tokens). A worker holding an image in them skips decode and preprocessing, or the vision
+//! encoder, for it. Stock engines publish nothing about either cache (no event, only the aggregate
+//! `vllm:mm_cache_*` counters), so this is a model, not an observation: it cannot see the engine evict
+//! for its own reasons, other clients of the same worker, or a restart.
+//!
+//! Each cache is an LRU over image identities (the key the router names the image by, which the
+//! engine uses too on the exact route) with the engine's budget. A lookup returns a *confidence* in
+//! [0, 1]: 1 for an image just sent, decaying linearly to 0 as other images fill the rest of the budget
+//! after it (what an LRU evicts it at; counting re-sends too, so it errs towards evicted), and 0 once
+//! the LRU has evicted it. Only exact plans feed it (a fallback names no image).
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Processed-pixel bytes per encoder token as vLLM's processor cache sizes a Qwen-VL item: each
+/// encoder token comes from merge² = 4 patches of 3 × 2 × 14 × 14 = 1176 float32 values (the HF image
+/// processor's `pixel_values`), so 4 × 1176 × 4 bytes.
+pub const PROCESSOR_BYTES_PER_TOKEN: u64 = 4 * 1176 * 4;
+
+/// The size of one image's entry in the processor cache, from its encoder tokens.
+pub fn processor_item_bytes(encoder_tokens: u32) -> u64 {
+    u64::from(encoder_tokens) * PROCESSOR_BYTES_PER_TOKEN
+}
+
+/// The budgets of a worker's two image caches (0 disables that cache's model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageBudgets {
+    pub encoder_tokens: u64,
+    pub processor_bytes: u64,
+}
+
+/// One image of a request as the residency model sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageUse {
+    /// The image's identity (the key its KV blocks carry).
+    pub key: u128,
+    /// Encoder tokens (the image's feature tokens).
+    pub tokens: u32,
+    /// Prompt token offset where the image's run ends: a worker whose cached prefix reaches it
+    /// already skips the image through its KV cache.
+    pub end: u64,
+}
+
+/// How sure the model is that a worker still holds an image, per cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Held {
+    pub encoder: f64,
+    pub processor: f64,
+}
+
+/// A worker's two image caches.
+#[derive(Debug)]
+pub struct Residency {
+    encoder: Lru,
+    processor: Lru,
+}
+
+impl Residency {
+    pub fn new(budgets: ImageBudgets) -> Residency {
+        Residency { encoder: Lru::new(budgets.encoder_tokens), processor: Lru::new(budgets.processor_bytes) }
+    }
+
+    /// The worker was sent these images (in prompt order, as the engine processes them).
+    pub fn sent(&mut self, images: &[ImageUse]) {
+        for i in images {
+            self.encoder.touch(i.key, u64::from(i.tokens));
+            self.processor.touch(i.key, processor_item_bytes(i.tokens));
+        }
+    }
+
+    pub fn held(&self, key: u128) -> Held {
+        Held { encoder: self.encoder.confidence(key), processor: self.processor.confidence(key) }
+    }
+
+    /// Images the model holds in either cache.
+    pub fn len(&self) -> usize {
+        self.processor.entries.len().max(self.encoder.entries.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An LRU over image keys with a size budget and a clock in size units (each touch advances it by the
+/// entry's size), so "how much was used after this entry" is one subtraction.
+#[derive(Debug)]
+struct Lru {
+    budget: u64,
+    used: u64,
+    clock: u64,
+    entries: HashMap<u128, Entry>,
+    /// Entries by last touch, oldest first (the eviction order).
+    order: BTreeMap<u64, u128>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: u64,
+    stamp: u64,
+}
+
+impl Lru {
+    fn new(budget: u64) -> Lru {
+        Lru { budget, used: 0, clock: 0, entries: HashMap::new(), order: BTreeMap::new() }
+    }
+
+    fn touch(&mut self, key: u128, size: u64) {
+        // An item larger than the whole cache is never kept (vLLM skips caching it).
+        if size == 0 || size > self.budget {
+            return;
+        }
+        if let Some(old) = self.entries.remove(&key) {
+            self.order.remove(&old.stamp);
+            self.used -= old.size;
+        }
+        let stamp = self.clock;
+        self.clock += size;
+        self.entries.insert(key, Entry { size, stamp });
+        self.order.insert(stamp, key);
+        self.used += size;
+        while self.used > self.budget {
+            let Some((_, victim)) = self.order.pop_first() else { break };
+            if let Some(e) = self.entries.remove(&victim) {
+                self.used -= e.size;
+            }
+        }
+    }
+
+    fn confidence(&self, key: u128) -> f64 {
+        let Some(e) = self.entries.get(&key) else { return 0.0 };
+        // Used after it; a pure LRU evicts it once that passes the room the rest of the budget leaves.
+        let since = self.clock - e.stamp - e.size;
+        let room = self.budget - e.size;
+        if room == 0 {
+            return if since == 0 { 1.0 } else { 0.0 };
+        }
+        (1.0 - since as f64 / room as f64).clamp(0.0, 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn img(key: u128, tokens: u32) -> ImageUse {
+        ImageUse { key, tokens, end: 0 }
+    }
+
+    #[test]
+    fn a_just_sent_image_is_held_with_full_confidence_and_decays_as_others_follow() {
+        let mut r = Residency::new(ImageBudgets { encoder_tokens: 1000, processor_bytes: processor_item_bytes(1000) });
+        r.sent(&[img(1, 100)]);
+        assert_eq!(r.held(1), Held { encoder: 1.0, processor: 1.0 });
+        r.sent(&[img(2, 450)]);
+        let h = r.held(1);
+        assert!((h.encoder - 0.5).abs() < 1e-9 && (h.processor - 0.5).abs() < 1e-9, "450 of the 900 left: {h:?}");
+        assert_eq!(r.held(3), Held::default(), "never sent");
+    }
+
+    #[test]
+    fn eviction_follows_the_lru_by_each_caches_own_size() {
+        // The encoder cache holds 300 tokens, the processor cache 1000 tokens' worth of bytes.
+        let mut r = Residency::new(ImageBudgets { encoder_tokens: 300, processor_bytes: processor_item_bytes(1000) });
+        r.sent(&[img(1, 200), img(2, 200)]);
+        assert_eq!(r.held(1).encoder, 0.0, "evicted from the 300-token encoder cache");
+        assert!(r.held(1).processor > 0.0, "still in the processor cache");
+        r.sent(&[img(1, 200)]); // re-sent: most recent again, 2 becomes the oldest
+        r.sent(&[img(3, 350), img(4, 350)]);
+        assert_eq!(r.held(2).processor, 0.0, "the least recently sent goes first");
+        assert!(r.held(1).processor > 0.0 && r.held(4).processor == 1.0);
+    }
+
+    #[test]
+    fn an_image_larger_than_a_cache_is_not_kept_and_a_zero_budget_keeps_nothing() {
+        let mut r = Residency::new(ImageBudgets { encoder_tokens: 100, processor_bytes: 0 });
+        r.sent(&[img(1, 150), img(2, 50)]);
+        assert_eq!(r.held(1), Held::default());
+        assert_eq!(r.held(2), Held { encoder: 1.0, processor: 0.0 });
+    }
+}
