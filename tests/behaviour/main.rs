@@ -4,6 +4,7 @@
 
 mod accounting_cli;
 mod admin;
+mod affinity;
 mod architecture;
 mod cli;
 mod cluster;
