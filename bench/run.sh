@@ -218,6 +218,7 @@ SIM_HOST_ARG=()
 SIM_URLS=()
 SIM_PIDS=()
 SIM_EVENTS=()
+SIM_EXTRA_ARGS=() # more `mmrouter sim` options for the sims started next (the affinity section's caches)
 # start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS [KV_BLOCKS] [events]: fresh workers (cold caches);
 # with "events" each publishes its KV events (vLLM map form) on its own loopback port (SIM_EVENTS).
 start_sims() {
@@ -235,7 +236,7 @@ start_sims() {
     "$MMR" sim "${SIM_HOST_ARG[@]+"${SIM_HOST_ARG[@]}"}" --port "$port" --name "sim$i" --block-size 16 \
       --kv-blocks "$kv" --ttft-base-ms "$ttft" --prefill-us-per-token "$prefill" \
       --decode-ms-per-token "$decode" --max-output-tokens "$MAX_TOKENS" --seed "$((SEED + i))" \
-      "${ev[@]+"${ev[@]}"}" >"$WORK/sim$i.log" 2>&1 &
+      "${ev[@]+"${ev[@]}"}" "${SIM_EXTRA_ARGS[@]+"${SIM_EXTRA_ARGS[@]}"}" >"$WORK/sim$i.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     SIM_PIDS+=("$pid")
@@ -277,6 +278,8 @@ write_config() {
     done
     printf '[routing]\npolicy = "%s"\n' "$policy"
     [[ -z ${BENCH_ROUTING_TOML:-} ]] || printf '%s\n' "$BENCH_ROUTING_TOML"
+    # More [routing] lines for this router only (the affinity section's rows).
+    [[ -z ${ROUTER_ROUTING_TOML:-} ]] || printf '%s\n' "$ROUTER_ROUTING_TOML"
     printf '\n'
     # A pixel limit below the workload's fallback photos (24 MP and up) and above every other image:
     # the router falls back on them, the sims (like vLLM) serve them.

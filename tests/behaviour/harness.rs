@@ -24,6 +24,8 @@ pub fn fast(o: &mut SimOptions) {
     o.ttft_base_ms = 0;
     o.prefill_us_per_token = 0;
     o.decode_ms_per_token = 0;
+    o.image_preprocess_us_per_token = 0;
+    o.image_encode_us_per_token = 0;
 }
 
 pub async fn sims(n: usize, tweak: impl Fn(&mut SimOptions)) -> Vec<SimHandle> {
@@ -174,10 +176,17 @@ pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
 /// listens on (from its log) and the rest of its log lines. The log is read continuously so the child
 /// never blocks on a full pipe.
 pub fn spawn_serve(path: &std::path::Path) -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
+    spawn_serve_args(&["--config".as_ref(), path.as_os_str()])
+}
+
+/// [`spawn_serve`] with any `serve` arguments (flags instead of a file).
+pub fn spawn_serve_args<S: AsRef<std::ffi::OsStr>>(
+    args: &[S],
+) -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
-        .args(["serve", "--config"])
-        .arg(path)
+        .arg("serve")
+        .args(args)
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()

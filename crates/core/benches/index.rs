@@ -100,7 +100,8 @@ fn select(c: &mut Criterion) {
             .expect("valid router");
     fill(|w, b| router.record(w, b));
     let hot = prompt(0);
-    let req = SelectRequest { blocks: &hot, block_size: 16, prompt_tokens: 6400, decode_tokens: 256, images: Vec::new() };
+    let req =
+        SelectRequest { blocks: &hot, block_size: 16, prompt_tokens: 6400, decode_tokens: 256, images: Vec::new() };
     c.bench_function("kv_select_8_workers_400_blocks", |b| b.iter(|| black_box(router.select(black_box(&req)))));
 }
 
@@ -327,7 +328,13 @@ fn scale_select(c: &mut Criterion) {
     let probes = probe_set();
     let reqs: Vec<SelectRequest<'_>> = probes
         .iter()
-        .map(|b| SelectRequest { blocks: b, block_size: 16, prompt_tokens: 256 * 16, decode_tokens: 256, images: Vec::new() })
+        .map(|b| SelectRequest {
+            blocks: b,
+            block_size: 16,
+            prompt_tokens: 256 * 16,
+            decode_tokens: 256,
+            images: Vec::new(),
+        })
         .collect();
     let mut i = 0;
     c.bench_function("scale_kv_select_1024w_10m_256_blocks", |b| {
@@ -337,7 +344,13 @@ fn scale_select(c: &mut Criterion) {
         })
     });
     let miss = chain(99, 99, HEAD_LEN + BODY_LEN);
-    let miss = SelectRequest { blocks: &miss, block_size: 16, prompt_tokens: 256 * 16, decode_tokens: 256, images: Vec::new() };
+    let miss = SelectRequest {
+        blocks: &miss,
+        block_size: 16,
+        prompt_tokens: 256 * 16,
+        decode_tokens: 256,
+        images: Vec::new(),
+    };
     c.bench_function("scale_kv_select_1024w_10m_miss", |b| b.iter(|| black_box(router.select(black_box(&miss)))));
     println!("scale: kv select {}", percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()]))));
 }

@@ -54,7 +54,13 @@ fn main() {
                 rt.block_on(pipeline.plan(&request)).unwrap().plan.blocks.len()
             }
             "select" => {
-                let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 6400, decode_tokens: 256, images: Vec::new() };
+                let req = SelectRequest {
+                    blocks: &blocks,
+                    block_size: 16,
+                    prompt_tokens: 6400,
+                    decode_tokens: 256,
+                    images: Vec::new(),
+                };
                 router.select(&req).map_or(0, |d| d.worker())
             }
             other => panic!("unknown operation {other}"),

@@ -33,6 +33,14 @@
 //! * `--shape multi-turn`: `--conversations` text conversations of `--turns` turns behind a shared
 //!   system prompt; each request resends the history and adds one new turn (the previous answer and a
 //!   new user message, about `--turn-tokens` new tokens in all; the first turn's user message alone).
+//!
+//! `--shape shared-images` isolates image reuse from text reuse: `--conversations` one-turn requests,
+//! each a system prompt of its own (about `--turn-tokens` tokens of prose), then one of `--images`
+//! images, then a question of its own, so no two requests share text before the image (at most the
+//! chat template's first few tokens, less than a KV block) while each image is asked about by about
+//! `--conversations` / `--images` of them. The images are the `--images-dir` photos (path order, at
+//! most `--images`) completed with synthetic camera images; every image gets the same number of
+//! requests (±1), in a seeded random order, so the same image recurs throughout the run.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs;
@@ -62,6 +70,8 @@ pub enum WorkloadShape {
     UniqueText,
     /// Text conversations resending their history, one new turn of about `--turn-tokens` per request.
     MultiTurn,
+    /// One-turn requests about `--images` shared images, each with its own system prompt and question.
+    SharedImages,
 }
 
 /// Options of `mmrouter workload`.
@@ -115,10 +125,17 @@ pub struct WorkloadOptions {
     /// Approximate prompt length (tokens) of the `unique-text` shape.
     #[arg(long, default_value_t = 2000)]
     pub prompt_tokens: usize,
-    /// Approximate new tokens per request of the `multi-turn` shape.
+    /// Approximate new tokens per request of the `multi-turn` shape (the system prompt of each
+    /// `shared-images` request).
     #[arg(long, default_value_t = 200)]
     pub turn_tokens: usize,
+    /// Distinct images of the `shared-images` shape.
+    #[arg(long, default_value_t = DEFAULT_SHARED_IMAGES)]
+    pub images: usize,
 }
+
+/// `--images` by default: a handful, each asked about by several requests of a default-sized run.
+const DEFAULT_SHARED_IMAGES: usize = 8;
 
 impl WorkloadOptions {
     /// Defaults for `out` (what `mmrouter workload --out FILE` gives).
@@ -141,6 +158,7 @@ impl WorkloadOptions {
             image_bytes: 150_000,
             prompt_tokens: 2000,
             turn_tokens: 200,
+            images: DEFAULT_SHARED_IMAGES,
         }
     }
 
@@ -167,6 +185,7 @@ impl WorkloadOptions {
         positive("max-images", self.max_images)?;
         positive("prompt-tokens", self.prompt_tokens)?;
         positive("turn-tokens", self.turn_tokens)?;
+        positive("images", self.images)?;
         if self.image_bytes > 64 << 20 {
             return Err(LoadgenError::InvalidOption {
                 option: "image-bytes",
@@ -189,6 +208,7 @@ fn generate(opts: &WorkloadOptions) -> Result<usize, LoadgenError> {
         WorkloadShape::Text | WorkloadShape::SingleImage => one_turn(opts),
         WorkloadShape::UniqueText => unique_text(opts),
         WorkloadShape::MultiTurn => multi_turn(opts),
+        WorkloadShape::SharedImages => shared_images(opts)?,
     };
     let write_err = |source| LoadgenError::Write { path: opts.out.clone(), source };
     let file = fs::File::create(&opts.out).map_err(write_err)?;
@@ -418,6 +438,44 @@ fn multi_turn(opts: &WorkloadOptions) -> Vec<Value> {
     interleave(&mut rng, conversations)
 }
 
+/// `--shape shared-images` (the module doc).
+fn shared_images(opts: &WorkloadOptions) -> Result<Vec<Value>, LoadgenError> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let images = image_set(opts, &mut rng)?;
+    // Every image equally often (±1), shuffled: recurrences spread over the whole run.
+    let mut order: Vec<usize> = (0..opts.conversations).map(|i| i % images.len()).collect();
+    rand::seq::SliceRandom::shuffle(order.as_mut_slice(), &mut rng);
+    let lines = order
+        .into_iter()
+        .enumerate()
+        .map(|(i, image)| {
+            let system = texts::prose(&mut rng, opts.turn_tokens);
+            let question =
+                format!("{} ({}; request {i:05})", pick(&mut rng, texts::QUESTIONS), pick(&mut rng, texts::DETAILS));
+            let content = json!([
+                {"type": "image_url", "image_url": {"url": images[image]}},
+                {"type": "text", "text": question},
+            ]);
+            let messages = json!([{"role": "system", "content": system}, {"role": "user", "content": content}]);
+            line(i, 0, body(opts, messages))
+        })
+        .collect();
+    Ok(lines)
+}
+
+/// The `shared-images` images: the `--images-dir` photos, then synthetic camera images, `--images` in all.
+fn image_set(opts: &WorkloadOptions, rng: &mut StdRng) -> Result<Vec<String>, LoadgenError> {
+    let mut images = match &opts.images_dir {
+        Some(dir) => real_photos(dir)?,
+        None => Vec::new(),
+    };
+    images.truncate(opts.images);
+    for i in images.len()..opts.images {
+        images.push(synthetic(rng, CAMERA_GEOMETRIES, &format!("seed {} shared image {i}", opts.seed)));
+    }
+    Ok(images)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,6 +545,62 @@ mod tests {
             let mean = texts.iter().map(|t| tok.encode(t).len()).sum::<usize>() as f64 / texts.len() as f64;
             assert!((mean / target as f64 - 1.0).abs() < 0.1, "{target}: mean {mean} tokens");
         }
+    }
+
+    #[test]
+    fn shared_images_share_images_but_no_text_before_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut o = WorkloadOptions::with_out(dir.path().join("s.jsonl"));
+        o.shape = WorkloadShape::SharedImages;
+        o.conversations = 40;
+        o.images = 5;
+        let lines = generated(&o);
+        assert_eq!(lines.len(), 40);
+        let mut per_image: BTreeMap<String, usize> = BTreeMap::new();
+        let (mut systems, mut questions) = (HashSet::new(), HashSet::new());
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!((l["conversation"].as_u64(), l["turn"].as_u64()), (Some(i as u64), Some(0)));
+            let messages = l["body"]["messages"].as_array().expect("messages");
+            assert_eq!(messages.len(), 2);
+            let parts = messages[1]["content"].as_array().expect("parts");
+            assert_eq!((parts[0]["type"].as_str(), parts[1]["type"].as_str()), (Some("image_url"), Some("text")));
+            *per_image.entry(parts[0]["image_url"]["url"].as_str().expect("url").to_owned()).or_default() += 1;
+            systems.insert(messages[0]["content"].as_str().expect("system").to_owned());
+            questions.insert(parts[1]["text"].as_str().expect("question").to_owned());
+        }
+        assert_eq!(per_image.len(), 5);
+        assert!(per_image.values().all(|&n| n == 8), "{:?}", per_image.values().collect::<Vec<_>>());
+        assert_eq!((systems.len(), questions.len()), (40, 40), "every request's text is its own");
+        // Distinct from their first words on: no text prefix is shared before the image.
+        let starts: HashSet<String> =
+            systems.iter().map(|s| s.split_whitespace().take(4).collect::<Vec<_>>().join(" ")).collect();
+        assert_eq!(starts.len(), 40);
+    }
+
+    #[test]
+    fn shared_images_recur_across_the_run() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut o = WorkloadOptions::with_out(dir.path().join("s.jsonl"));
+        o.shape = WorkloadShape::SharedImages;
+        o.conversations = 60;
+        o.images = 3;
+        let urls: Vec<String> = generated(&o)
+            .iter()
+            .map(|l| l["body"]["messages"][1]["content"][0]["image_url"]["url"].as_str().expect("url").to_owned())
+            .collect();
+        // Every image appears in each third of the run, not in one block.
+        for third in urls.chunks(20) {
+            let distinct: HashSet<&String> = third.iter().collect();
+            assert_eq!(distinct.len(), 3);
+        }
+        let again: Vec<Value> = generated(&o);
+        let again: Vec<&str> = again
+            .iter()
+            .map(|l| l["body"]["messages"][1]["content"][0]["image_url"]["url"].as_str().expect("url"))
+            .collect();
+        assert_eq!(again, urls, "the seed decides");
+        o.images = 0;
+        assert_eq!(generate(&o).map_err(|e| e.to_string()).err().as_deref(), Some("--images: must be at least 1"));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 
 use std::fmt::Write as _;
 
+use crate::mm_cache::ImageCounts;
+
 /// Gauge: requests generating.
 pub const VLLM_NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
 /// Gauge: requests queued behind `--max-running`.
@@ -23,8 +25,24 @@ pub const VLLM_PROMPT_TOKENS_TOTAL: &str = "vllm:prompt_tokens_total";
 pub const VLLM_GENERATION_TOKENS_TOTAL: &str = "vllm:generation_tokens_total";
 /// Info gauge (value 1): cache configuration as labels, like vLLM's.
 pub const VLLM_CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// Counter (items): images looked up in the processor cache (vLLM's `vllm:mm_cache_queries`).
+pub const VLLM_MM_CACHE_QUERIES_TOTAL: &str = "vllm:mm_cache_queries_total";
+/// Counter (items): images found in the processor cache (vLLM's `vllm:mm_cache_hits`).
+pub const VLLM_MM_CACHE_HITS_TOTAL: &str = "vllm:mm_cache_hits_total";
 /// Counter: requests whose client went away before the answer ended (simulator only).
 pub const SIM_REQUESTS_CANCELLED_TOTAL: &str = "sim_requests_cancelled_total";
+/// Counter (items): images looked up in the encoder cache (simulator only; vLLM exports none).
+pub const SIM_ENCODER_CACHE_QUERIES_TOTAL: &str = "sim_encoder_cache_queries_total";
+/// Counter (items): images found in the encoder cache (simulator only).
+pub const SIM_ENCODER_CACHE_HITS_TOTAL: &str = "sim_encoder_cache_hits_total";
+/// Counter (tokens): image tokens preprocessed, i.e. processor-cache misses (simulator only).
+pub const SIM_IMAGE_PREPROCESSED_TOKENS_TOTAL: &str = "sim_image_preprocessed_tokens_total";
+/// Counter (tokens): encoder tokens the vision encoder computed (simulator only).
+pub const SIM_IMAGE_ENCODED_TOKENS_TOTAL: &str = "sim_image_encoded_tokens_total";
+/// Gauge (bytes): processed images held by the processor cache (simulator only).
+pub const SIM_MM_PROCESSOR_CACHE_BYTES: &str = "sim_mm_processor_cache_bytes";
+/// Gauge (tokens): encoder outputs held by the encoder cache (simulator only).
+pub const SIM_ENCODER_CACHE_TOKENS: &str = "sim_encoder_cache_tokens";
 
 /// Everything `/metrics` shows, read once per scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -40,6 +58,9 @@ pub(crate) struct Snapshot {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub cancelled: u64,
+    pub images: ImageCounts,
+    pub processor_cache_bytes: u64,
+    pub encoder_cache_tokens: u64,
 }
 
 /// Renders the snapshot in Prometheus text format 0.0.4.
@@ -98,6 +119,21 @@ pub(crate) fn render(s: &Snapshot) -> String {
         s.block_size, s.kv_blocks
     );
     metric(VLLM_CACHE_CONFIG_INFO, "gauge", "Information of the KV cache configuration.", &info, "1".to_owned());
+    let mm = &s.images;
+    metric(
+        VLLM_MM_CACHE_QUERIES_TOTAL,
+        "counter",
+        "Multi-modal cache queries, in terms of number of queried items.",
+        &labels,
+        mm.processor_queries.to_string(),
+    );
+    metric(
+        VLLM_MM_CACHE_HITS_TOTAL,
+        "counter",
+        "Multi-modal cache hits, in terms of number of cached items.",
+        &labels,
+        mm.processor_hits.to_string(),
+    );
     metric(
         SIM_REQUESTS_CANCELLED_TOTAL,
         "counter",
@@ -105,7 +141,34 @@ pub(crate) fn render(s: &Snapshot) -> String {
         &labels,
         s.cancelled.to_string(),
     );
+    render_sim_images(s, &labels, &mut metric);
     out
+}
+
+/// The simulator's own image-cache series (vLLM exports no encoder-cache metric).
+fn render_sim_images(s: &Snapshot, labels: &str, metric: &mut impl FnMut(&str, &str, &str, &str, String)) {
+    let mm = &s.images;
+    let series: [(&str, &str, &str, u64); 6] = [
+        (SIM_ENCODER_CACHE_QUERIES_TOTAL, "counter", "Encoder cache queries, in images.", mm.encoder_queries),
+        (SIM_ENCODER_CACHE_HITS_TOTAL, "counter", "Encoder cache hits, in images.", mm.encoder_hits),
+        (
+            SIM_IMAGE_PREPROCESSED_TOKENS_TOTAL,
+            "counter",
+            "Image tokens preprocessed (processor cache misses).",
+            mm.preprocessed_tokens,
+        ),
+        (
+            SIM_IMAGE_ENCODED_TOKENS_TOTAL,
+            "counter",
+            "Encoder tokens computed by the vision encoder.",
+            mm.encoded_tokens,
+        ),
+        (SIM_MM_PROCESSOR_CACHE_BYTES, "gauge", "Bytes held by the processor cache.", s.processor_cache_bytes),
+        (SIM_ENCODER_CACHE_TOKENS, "gauge", "Encoder tokens held by the encoder cache.", s.encoder_cache_tokens),
+    ];
+    for (name, kind, help, value) in series {
+        metric(name, kind, help, labels, value.to_string());
+    }
 }
 
 fn float(v: f64) -> String {

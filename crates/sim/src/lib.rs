@@ -1,8 +1,9 @@
 //! `mmrouter sim`: a stand-in vLLM worker, good enough to measure routing without a GPU.
 //!
 //! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
-//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's (`cache`), reports
-//! `usage.prompt_tokens_details.cached_tokens`, delays answers by a timing model ([`timing`]), exposes
+//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's (`cache`) and its image
+//! processor and encoder caches (`mm_cache`), reports `usage.prompt_tokens_details.cached_tokens`,
+//! delays answers by a timing model ([`timing`]: prefill, image preprocessing and encoding), exposes
 //! vLLM-named `/metrics` (`exposition`) and injects faults on request (error rate, added delay,
 //! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
 //! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged.
@@ -22,9 +23,9 @@
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 //!
 //! Layout: `options` and `error` (what a sim is told and how it refuses), `prompt` (the [`Prompter`]
-//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, [`timing`], `events`,
-//! `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`. This file
-//! only re-exports: the modules import each other by the defining file, never through here.
+//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, `mm_cache`, [`timing`],
+//! `events`, `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`.
+//! This file only re-exports: the modules import each other by the defining file, never through here.
 
 mod cache;
 mod error;
@@ -32,6 +33,7 @@ mod events;
 mod exact;
 mod exposition;
 mod handle;
+mod mm_cache;
 mod options;
 mod prompt;
 mod prompter;
@@ -42,6 +44,7 @@ pub mod timing;
 pub use error::SimError;
 pub use exact::{engine_image_id, run_exact, spawn_exact};
 pub use handle::{spawn, SimHandle};
+pub use mm_cache::processor_item_bytes;
 pub use options::{KvEventsFormat, SimOptions, DEFAULT_MODEL};
 pub use prompt::{Prompter, SimImage, SimPrompt};
 pub use prompter::WordPrompter;

@@ -18,6 +18,21 @@ const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
 const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// vLLM's and SGLang's default replay ring (`buffer_steps`).
 const DEFAULT_KV_EVENTS_BUFFER: usize = 10_000;
+/// vLLM's `--mm-processor-cache-gb` default.
+const DEFAULT_MM_PROCESSOR_CACHE_GB: f64 = 4.0;
+/// Largest `--mm-processor-cache-gb` accepted: far beyond any host, small enough to count in bytes.
+const MAX_MM_PROCESSOR_CACHE_GB: f64 = 1024.0;
+/// vLLM sizes its encoder cache max(max_num_batched_tokens, the largest item); 16384 is Qwen3-VL's
+/// largest image and at least the usual batch budget.
+const DEFAULT_ENCODER_CACHE_TOKENS: u32 = 16_384;
+/// Assumed per-token cost of vLLM's processor (decode, resize, normalise, patchify: CPU work). HF's
+/// fast (torchvision) Qwen-VL processor handles a ~1 MP photo (≈1000 tokens) in a few milliseconds;
+/// the slow PIL one several times that. An assumption to tune, not a measurement.
+const DEFAULT_IMAGE_PREPROCESS_US_PER_TOKEN: u64 = 5;
+/// Assumed per-token cost of the vision encoder: a 7–8B VLM's ViT (≈0.6B parameters, 4 patches per
+/// output token) costs roughly a third to a half of the LLM's prefill per token, so half of the
+/// default `--prefill-us-per-token` (20). An assumption to tune, not a measurement.
+const DEFAULT_IMAGE_ENCODE_US_PER_TOKEN: u64 = 10;
 
 /// Wire shape of the published KV events.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,10 +79,26 @@ pub struct SimOptions {
     /// Delay between output tokens, in milliseconds.
     #[arg(long, default_value_t = DEFAULT_DECODE_MS_PER_TOKEN)]
     pub decode_ms_per_token: u64,
-    /// Concurrent prefills share one compute budget, as on a GPU: a prompt's prefill starts after the
-    /// uncached tokens admitted before it (`false`: every prefill runs as if alone).
+    /// Concurrent prefills share one compute budget, as on a GPU: a prompt's prefill (and its image
+    /// encoding) starts after the work admitted before it (`false`: every prefill runs as if alone).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub prefill_contention: bool,
+    /// Image preprocessing (decode, resize, patchify: CPU) per image token, in microseconds; skipped
+    /// on a processor-cache hit. Not queued on the GPU. 0: free.
+    #[arg(long, default_value_t = DEFAULT_IMAGE_PREPROCESS_US_PER_TOKEN)]
+    pub image_preprocess_us_per_token: u64,
+    /// Vision-encoder cost per image token, in microseconds (GPU: queued with prefills); skipped on an
+    /// encoder-cache hit and for an image inside the cached prefix. 0: free.
+    #[arg(long, default_value_t = DEFAULT_IMAGE_ENCODE_US_PER_TOKEN)]
+    pub image_encode_us_per_token: u64,
+    /// vLLM's processor cache, in GiB: an LRU of processed images by identity (uuid or content hash),
+    /// each sized as its pixel tensor (0 disables it, as in vLLM).
+    #[arg(long, default_value_t = DEFAULT_MM_PROCESSOR_CACHE_GB)]
+    pub mm_processor_cache_gb: f64,
+    /// vLLM's encoder cache, in encoder tokens: an LRU of image encoder outputs by identity (0: none
+    /// kept; an image larger than the cache is encoded and not kept).
+    #[arg(long, default_value_t = DEFAULT_ENCODER_CACHE_TOKENS)]
+    pub encoder_cache_tokens: u32,
     /// Output tokens when the request sets no `max_tokens` (finish_reason "stop").
     #[arg(long, default_value_t = DEFAULT_OUTPUT_TOKENS)]
     pub default_output_tokens: u32,
@@ -162,6 +193,10 @@ impl Default for SimOptions {
             prefill_us_per_token: DEFAULT_PREFILL_US_PER_TOKEN,
             decode_ms_per_token: DEFAULT_DECODE_MS_PER_TOKEN,
             prefill_contention: true,
+            image_preprocess_us_per_token: DEFAULT_IMAGE_PREPROCESS_US_PER_TOKEN,
+            image_encode_us_per_token: DEFAULT_IMAGE_ENCODE_US_PER_TOKEN,
+            mm_processor_cache_gb: DEFAULT_MM_PROCESSOR_CACHE_GB,
+            encoder_cache_tokens: DEFAULT_ENCODER_CACHE_TOKENS,
             default_output_tokens: DEFAULT_OUTPUT_TOKENS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             error_rate: 0.0,
@@ -225,7 +260,16 @@ impl SimOptions {
         if self.kv_events_buffer == 0 {
             return Err(invalid("kv-events-buffer", "must be at least 1"));
         }
+        if !(0.0..=MAX_MM_PROCESSOR_CACHE_GB).contains(&self.mm_processor_cache_gb) {
+            return Err(invalid("mm-processor-cache-gb", "must be a number of GiB between 0 and 1024"));
+        }
         Ok(())
+    }
+
+    /// `--mm-processor-cache-gb` in bytes (GiB, as vLLM reads it).
+    pub fn mm_processor_cache_bytes(&self) -> u64 {
+        // Validated finite and within 0..=1024 GiB, so the product fits a u64.
+        (self.mm_processor_cache_gb * f64::from(1u32 << 30)) as u64
     }
 }
 
@@ -270,6 +314,34 @@ mod tests {
         assert!(opts.validate().expect_err("replay alone").to_string().contains("--kv-events-replay"));
         let opts = SimOptions { kv_events_drop_rate: -0.1, ..SimOptions::default() };
         assert!(opts.validate().expect_err("negative rate").to_string().contains("--kv-events-drop-rate"));
+        for gb in [-1.0, f64::NAN, f64::INFINITY, 2048.0] {
+            let opts = SimOptions { mm_processor_cache_gb: gb, ..SimOptions::default() };
+            assert!(opts.validate().expect_err("bad size").to_string().contains("--mm-processor-cache-gb"), "{gb}");
+        }
+    }
+
+    #[test]
+    fn cli_parses_image_cache_options() {
+        let parsed = Cli::try_parse_from([
+            "sim",
+            "--mm-processor-cache-gb",
+            "0.5",
+            "--encoder-cache-tokens",
+            "4096",
+            "--image-preprocess-us-per-token",
+            "0",
+            "--image-encode-us-per-token",
+            "7",
+        ])
+        .expect("parse");
+        let sim = parsed.sim;
+        assert_eq!((sim.mm_processor_cache_gb, sim.mm_processor_cache_bytes()), (0.5, 512 << 20));
+        assert_eq!(
+            (sim.encoder_cache_tokens, sim.image_preprocess_us_per_token, sim.image_encode_us_per_token),
+            (4096, 0, 7)
+        );
+        assert_eq!(SimOptions::default().mm_processor_cache_bytes(), 4 << 30, "vLLM's default: 4 GiB");
+        assert!(SimOptions { mm_processor_cache_gb: 0.0, ..SimOptions::default() }.validate().is_ok(), "0 disables it");
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct SimImage {
     pub len: u32,
     /// The client's `uuid` verbatim when the part carried one (as vLLM does), else the engine's own hash.
     pub identifier: String,
+    /// Encoder (feature) tokens of the image: what the vision encoder outputs and the image caches
+    /// are sized by (the run's `len` for the Qwen family; less where the run adds wrapper tokens).
+    pub feature_tokens: u32,
 }
 
 /// Turns a request into the prompt the simulated model sees.

@@ -2,9 +2,10 @@
 //!
 //! A completion request goes: body hashed and buffered (layer) → extra delay (fault) → parsed and
 //! prompted → maybe failed on purpose → waits for a slot (`--max-running`) → takes its prefix hit and
-//! pins its blocks → waits the time to first token → emits its tokens. Non-streamed answers are sent
-//! whole at the end; streamed answers send headers at once (as vLLM does) and do the waiting inside
-//! the body stream, so a client that goes away drops the stream and is counted as cancelled.
+//! pins its blocks → asks the image caches (`mm_cache`) → waits the time to first token → emits its
+//! tokens. Non-streamed answers are sent whole at the end; streamed answers send headers at once (as
+//! vLLM does) and do the waiting inside the body stream, so a client that goes away drops the stream
+//! and is counted as cancelled.
 //!
 //! Admin: `POST /sim/restart` simulates an engine restart — the cache is emptied and the KV-event seq
 //! starts again from 0, without an `AllBlocksCleared` (a restarted vLLM sends none).
@@ -31,10 +32,11 @@ use crate::cache::PrefixCache;
 use crate::error::SimError;
 use crate::events::Publisher;
 use crate::exposition::{self, Snapshot};
+use crate::mm_cache::ImageCaches;
 use crate::options::SimOptions;
 use crate::prompt::{Prompter, SimPrompt};
 use crate::stats::SimStats;
-use crate::timing::{decode_delay, ttft, Dice};
+use crate::timing::{decode_delay, ttft_alone, ttft_queued, Dice, ImageWork};
 
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
@@ -61,6 +63,8 @@ pub(crate) struct AppState {
     pub opts: SimOptions,
     prompter: Arc<dyn Prompter>,
     cache: Mutex<PrefixCache>,
+    /// The processor and encoder caches (never held with `cache`).
+    images: Mutex<ImageCaches>,
     /// KV-event publisher (`--kv-events`); fed under the cache lock so seq order is cache order.
     events: Option<Publisher>,
     /// `GET /kv_event_sources`, shaped as vLLM 0.32–0.34 answer it.
@@ -90,6 +94,7 @@ impl AppState {
             prompter,
             event_sources: event_sources(&opts, bound),
             cache: Mutex::new(PrefixCache::new(opts.block_size, opts.kv_blocks)),
+            images: Mutex::new(ImageCaches::new(opts.mm_processor_cache_bytes(), opts.encoder_cache_tokens)),
             events,
             slots: Arc::new(Semaphore::new(opts.max_running.min(Semaphore::MAX_PERMITS))),
             dice: Dice::new(opts.seed),
@@ -121,6 +126,7 @@ impl AppState {
 
     pub fn stats(&self) -> SimStats {
         let c = &self.counters;
+        let images = self.images().counts();
         SimStats {
             requests: c.requests.load(Relaxed),
             prompt_tokens: c.prompt_tokens.load(Relaxed),
@@ -130,6 +136,12 @@ impl AppState {
             cancelled: c.cancelled.load(Relaxed),
             errors_injected: c.errors_injected.load(Relaxed),
             streams_dropped: c.streams_dropped.load(Relaxed),
+            mm_cache_queries: images.processor_queries,
+            mm_cache_hits: images.processor_hits,
+            encoder_cache_queries: images.encoder_queries,
+            encoder_cache_hits: images.encoder_hits,
+            image_preprocessed_tokens: images.preprocessed_tokens,
+            image_encoded_tokens: images.encoded_tokens,
             kv_batches: self.events.as_ref().map_or(0, |e| e.counters.batches.load(Relaxed)),
             kv_batches_dropped: self.events.as_ref().map_or(0, |e| e.counters.dropped.load(Relaxed)),
             kv_batches_overflowed: self.events.as_ref().map_or(0, |e| e.counters.overflowed.load(Relaxed)),
@@ -150,13 +162,16 @@ impl AppState {
         }
     }
 
-    /// An engine restart: an empty cache and the event seq from 0, announced by nothing but the seq.
+    /// An engine restart: empty caches and the event seq from 0, announced by nothing but the seq.
     fn restart(&self) {
-        let mut cache = self.cache();
-        cache.clear();
-        if let Some(events) = &self.events {
-            events.restart();
+        {
+            let mut cache = self.cache();
+            cache.clear();
+            if let Some(events) = &self.events {
+                events.restart();
+            }
         }
+        self.images().clear();
     }
 
     fn cache(&self) -> MutexGuard<'_, PrefixCache> {
@@ -164,23 +179,26 @@ impl AppState {
         self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Sleeps `d`, unless in-flight answers are being cut.
-    /// Time to first token for a request admitted now: its own prefill, queued behind the prefill
-    /// already admitted when contention is modelled.
-    fn ttft_now(&self, uncached_tokens: u32) -> Duration {
-        let own = ttft(uncached_tokens, &self.opts);
-        if !self.opts.prefill_contention {
-            return own;
-        }
-        let base = Duration::from_millis(self.opts.ttft_base_ms);
-        let work = own.saturating_sub(base);
-        let now = tokio::time::Instant::now();
-        let mut free_at = self.prefill_free_at.lock().unwrap_or_else(|e| e.into_inner());
-        let start = (*free_at).max(now);
-        *free_at = start + work;
-        (*free_at - now) + base
+    fn images(&self) -> MutexGuard<'_, ImageCaches> {
+        // Like the prefix cache, consistent between statements.
+        self.images.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Time to first token for a request admitted now: its own preprocessing and GPU work, the latter
+    /// queued behind the GPU work already admitted when contention is modelled.
+    fn ttft_now(&self, uncached_tokens: u32, work: ImageWork) -> Duration {
+        if !self.opts.prefill_contention {
+            return ttft_alone(uncached_tokens, work, &self.opts);
+        }
+        let now = tokio::time::Instant::now();
+        let mut free_at = self.prefill_free_at.lock().unwrap_or_else(|e| e.into_inner());
+        let busy = free_at.saturating_duration_since(now);
+        let (ttft, busy) = ttft_queued(busy, uncached_tokens, work, &self.opts);
+        *free_at = now + busy;
+        ttft
+    }
+
+    /// Sleeps `d`, unless in-flight answers are being cut.
     async fn pause(&self, d: Duration) -> Result<(), SimError> {
         let mut cut = self.cut.subscribe();
         if *cut.borrow_and_update() {
@@ -214,11 +232,13 @@ impl AppState {
             (admission, cache.epoch())
         };
         let cached = admission.cached_tokens;
+        let image_work = self.images().admit(&prompt.images, cached);
         self.counters.prompt_tokens.fetch_add(u64::from(prompt.prompt_tokens), Relaxed);
         self.counters.cached_tokens.fetch_add(u64::from(cached), Relaxed);
         Ok(Admitted {
             cached_tokens: cached,
             uncached_tokens: prompt.prompt_tokens.saturating_sub(cached),
+            image_work,
             _lease: CacheLease { state: self.clone(), pinned: admission.pinned, epoch },
             _running: running,
             _slot: permit,
@@ -228,6 +248,10 @@ impl AppState {
     fn snapshot(&self) -> Snapshot {
         let c = &self.counters;
         let prompt_tokens = c.prompt_tokens.load(Relaxed);
+        let (images, processor_cache_bytes, encoder_cache_tokens) = {
+            let caches = self.images();
+            (caches.counts(), caches.processor_bytes(), caches.encoder_tokens())
+        };
         Snapshot {
             model: self.opts.model.clone(),
             block_size: self.opts.block_size,
@@ -241,6 +265,9 @@ impl AppState {
             prompt_tokens,
             generation_tokens: c.generation_tokens.load(Relaxed),
             cancelled: c.cancelled.load(Relaxed),
+            images,
+            processor_cache_bytes,
+            encoder_cache_tokens,
         }
     }
 }
@@ -309,6 +336,7 @@ impl Drop for CacheLease {
 struct Admitted {
     cached_tokens: u32,
     uncached_tokens: u32,
+    image_work: ImageWork,
     _lease: CacheLease,
     _running: Gauge,
     _slot: OwnedSemaphorePermit,
@@ -601,8 +629,9 @@ fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<
 async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
     let admitted = state.admit(&job.prompt).await?;
     let decodes = job.output_tokens.saturating_sub(1);
-    let total =
-        state.ttft_now(admitted.uncached_tokens).saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
+    let total = state
+        .ttft_now(admitted.uncached_tokens, admitted.image_work)
+        .saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
     state.pause(total).await?;
     state.counters.generation_tokens.fetch_add(u64::from(job.output_tokens), Relaxed);
     tracker.finish();
@@ -694,7 +723,9 @@ impl Generation {
                         Ok(a) => a,
                         Err(e) => return Some(Err(e)),
                     };
-                    if let Err(e) = self.state.pause(self.state.ttft_now(admitted.uncached_tokens)).await {
+                    if let Err(e) =
+                        self.state.pause(self.state.ttft_now(admitted.uncached_tokens, admitted.image_work)).await
+                    {
                         return Some(Err(e));
                     }
                     self.admitted = Some(admitted);

@@ -19,6 +19,18 @@ pub struct SimStats {
     pub errors_injected: u64,
     /// Streams cut by `--drop-mid-stream-rate`.
     pub streams_dropped: u64,
+    /// Images looked up in the processor cache (`vllm:mm_cache_queries`; none while it is disabled).
+    pub mm_cache_queries: u64,
+    /// Of those, hits (`vllm:mm_cache_hits`).
+    pub mm_cache_hits: u64,
+    /// Images looked up in the encoder cache (those not inside the cached prefix).
+    pub encoder_cache_queries: u64,
+    /// Of those, hits.
+    pub encoder_cache_hits: u64,
+    /// Image tokens preprocessed (processor-cache misses).
+    pub image_preprocessed_tokens: u64,
+    /// Encoder tokens the simulated vision encoder computed.
+    pub image_encoded_tokens: u64,
     /// KV-event batches given a seq (published, dropped on purpose or not).
     pub kv_batches: u64,
     /// Of those, batches not published by `--kv-events-drop-rate`.

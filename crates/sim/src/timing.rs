@@ -1,8 +1,19 @@
 //! The simulator's timing model and fault dice.
 //!
-//! Time to first token = `ttft_base_ms` + uncached prompt tokens × `prefill_us_per_token`; each
-//! further output token waits `decode_ms_per_token`. All may be zero. Pure functions, so tests check
-//! the model without measuring wall-clock time.
+//! Time to first token = `ttft_base_ms` + preprocessing + GPU work, where
+//! * preprocessing = image tokens missing from the processor cache × `image_preprocess_us_per_token`
+//!   (vLLM's processor runs on the CPU of its front end, before the engine sees the request);
+//! * GPU work = uncached prompt tokens × `prefill_us_per_token` + image tokens the vision encoder must
+//!   run (not in the encoder cache, not inside the cached prefix) × `image_encode_us_per_token`.
+//!
+//! With prefill contention the GPU work queues behind the work admitted earlier; the preprocessing
+//! does not (it is another processor's work) but runs while the request waits, so a request reaches
+//! the GPU once both its preprocessing and the earlier work are done. The queue keeps admission
+//! order (a request still preprocessing holds its place), a simplification of vLLM's scheduler.
+//!
+//! Each further output token waits `decode_ms_per_token`. All may be zero; with both image knobs at 0
+//! images cost only their prefill, as before the image caches were modelled. Pure functions, so tests
+//! check the model without measuring wall-clock time.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -12,10 +23,45 @@ use rand::{Rng as _, SeedableRng as _};
 
 use crate::options::SimOptions;
 
-/// Time to first token for a prompt with `uncached_tokens` tokens to prefill.
+/// The image work a request still has once the caches have answered (see `mm_cache`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImageWork {
+    /// Image tokens whose processing missed the processor cache.
+    pub preprocess_tokens: u64,
+    /// Encoder tokens the vision encoder must produce.
+    pub encode_tokens: u64,
+}
+
+/// Time to first token for a prompt with `uncached_tokens` tokens to prefill (no image work).
 pub fn ttft(uncached_tokens: u32, opts: &SimOptions) -> Duration {
+    ttft_alone(uncached_tokens, ImageWork::default(), opts)
+}
+
+/// CPU time of the image processor for `work`.
+pub fn preprocess_time(work: ImageWork, opts: &SimOptions) -> Duration {
+    Duration::from_micros(work.preprocess_tokens.saturating_mul(opts.image_preprocess_us_per_token))
+}
+
+/// GPU time: prefill of the uncached tokens plus the vision encoder's share of `work`.
+pub fn gpu_time(uncached_tokens: u32, work: ImageWork, opts: &SimOptions) -> Duration {
     let prefill = u64::from(uncached_tokens).saturating_mul(opts.prefill_us_per_token);
-    Duration::from_millis(opts.ttft_base_ms).saturating_add(Duration::from_micros(prefill))
+    let encode = work.encode_tokens.saturating_mul(opts.image_encode_us_per_token);
+    Duration::from_micros(prefill.saturating_add(encode))
+}
+
+/// Time to first token of a request that has the GPU to itself.
+pub fn ttft_alone(uncached_tokens: u32, work: ImageWork, opts: &SimOptions) -> Duration {
+    let base = Duration::from_millis(opts.ttft_base_ms);
+    base.saturating_add(preprocess_time(work, opts)).saturating_add(gpu_time(uncached_tokens, work, opts))
+}
+
+/// Time to first token of a request admitted while the GPU is busy for `busy` more, and how long the
+/// GPU is busy once this request's work is queued too (prefill contention).
+pub fn ttft_queued(busy: Duration, uncached_tokens: u32, work: ImageWork, opts: &SimOptions) -> (Duration, Duration) {
+    // Preprocessing overlaps the wait for the GPU: the GPU work starts when both are over.
+    let start = busy.max(preprocess_time(work, opts));
+    let done = start.saturating_add(gpu_time(uncached_tokens, work, opts));
+    (done.saturating_add(Duration::from_millis(opts.ttft_base_ms)), done)
 }
 
 /// Delay before each output token after the first.
@@ -68,6 +114,46 @@ mod tests {
         assert_eq!(ttft(1000, &o), Duration::from_millis(110));
         assert!(ttft(2000, &o) > ttft(1000, &o));
         assert_eq!(ttft(u32::MAX, &opts(0, u64::MAX, 0)), Duration::from_micros(u64::MAX), "saturates");
+    }
+
+    fn image_opts(preprocess: u64, encode: u64) -> SimOptions {
+        SimOptions { image_preprocess_us_per_token: preprocess, image_encode_us_per_token: encode, ..opts(10, 100, 0) }
+    }
+
+    #[test]
+    fn image_work_adds_preprocess_and_encode_time() {
+        let o = image_opts(5, 20);
+        let work = ImageWork { preprocess_tokens: 1000, encode_tokens: 400 };
+        assert_eq!(preprocess_time(work, &o), Duration::from_millis(5));
+        assert_eq!(gpu_time(100, work, &o), Duration::from_millis(10 + 8));
+        assert_eq!(ttft_alone(100, work, &o), Duration::from_millis(10 + 5 + 18));
+        assert_eq!(ttft_alone(100, ImageWork::default(), &o), ttft(100, &o), "no image work: the text model");
+    }
+
+    #[test]
+    fn zero_image_knobs_keep_the_text_model() {
+        let o = image_opts(0, 0);
+        let work = ImageWork { preprocess_tokens: 5000, encode_tokens: 5000 };
+        assert_eq!(ttft_alone(300, work, &o), ttft(300, &o));
+        assert_eq!(
+            ttft_queued(Duration::from_millis(7), 300, work, &o),
+            ttft_queued(Duration::from_millis(7), 300, ImageWork::default(), &o)
+        );
+    }
+
+    #[test]
+    fn queued_gpu_work_waits_but_preprocessing_overlaps_the_wait() {
+        let o = image_opts(10, 10);
+        // Idle GPU: preprocessing (10 ms) then prefill (10 ms) and encoding (10 ms).
+        let work = ImageWork { preprocess_tokens: 1000, encode_tokens: 1000 };
+        let (t, busy) = ttft_queued(Duration::ZERO, 100, work, &o);
+        assert_eq!((t, busy), (Duration::from_millis(40), Duration::from_millis(30)));
+        // GPU busy for 50 ms: the preprocessing is over by then, the GPU work follows.
+        let (t, busy) = ttft_queued(Duration::from_millis(50), 100, work, &o);
+        assert_eq!((t, busy), (Duration::from_millis(80), Duration::from_millis(70)));
+        // Without image work the queue is the text model's: busy + prefill, then the base.
+        let (t, busy) = ttft_queued(Duration::from_millis(50), 100, ImageWork::default(), &o);
+        assert_eq!((t, busy), (Duration::from_millis(70), Duration::from_millis(60)));
     }
 
     #[test]

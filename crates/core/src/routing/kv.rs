@@ -53,9 +53,7 @@ impl Kv {
             None => 0,
         };
         self.prefill_weight
-            * (uncached as f64
-                + self.queue_weight * load.prefill_tokens as f64
-                + self.eviction_weight * evicted as f64)
+            * (uncached as f64 + self.queue_weight * load.prefill_tokens as f64 + self.eviction_weight * evicted as f64)
             + self.decode_weight * load.decode_tokens as f64
             - self.prefill_weight * c.image_credit.get(worker).copied().unwrap_or(0.0)
     }

@@ -95,7 +95,7 @@ pub struct RoutingConfig {
     /// cache likely holds the image). 0 turns it off.
     pub image_preprocess_weight: f64,
     /// The workers' encoder-cache budget in encoder tokens (vLLM: max(max_num_batched_tokens, the
-    /// largest image); `vllm serve` on a large GPU batches 8192 tokens).
+    /// model's largest image), 16384 for the Qwen-VL profiles).
     pub encoder_cache_tokens: u64,
     /// The workers' processor cache in GiB (vLLM's `--mm-processor-cache-gb`, default 4; 0 = off).
     pub processor_cache_gb: f64,
@@ -118,8 +118,8 @@ impl Default for RoutingConfig {
             pending_ttl_secs: 30,
             image_encoder_weight: 0.35,
             image_preprocess_weight: 0.25,
-            encoder_cache_tokens: 8192,
-            processor_cache_gb: 4.0,
+            encoder_cache_tokens: ImageBudgets::VLLM_DEFAULT.encoder_tokens,
+            processor_cache_gb: (ImageBudgets::VLLM_DEFAULT.processor_bytes >> 30) as f64,
             ejection: EjectionConfig::default(),
         }
     }
@@ -289,19 +289,20 @@ struct ImageAffinity {
 }
 
 impl ImageAffinity {
-    /// Prefill-token equivalents `worker` saves on the request's images that are not inside its cached
-    /// prefix (`overlap_tokens`): those the KV cache already covers cost it nothing either way.
+    /// Prefill-token equivalents `worker` saves on the request's images. vLLM's processor runs in
+    /// its front end on every request, so a processor-cache hit counts for every image; its encoder
+    /// skips images inside the cached prefix (`overlap_tokens`) anyway, so the encoder cache counts
+    /// only for the others.
     fn credit(&self, worker: &Worker, images: &[ImageUse], overlap_tokens: u64) -> f64 {
-        let outside: Vec<ImageUse> = images.iter().filter(|i| i.end > overlap_tokens).copied().collect();
-        if outside.is_empty() || (self.encoder_weight == 0.0 && self.preprocess_weight == 0.0) {
+        if self.encoder_weight == 0.0 && self.preprocess_weight == 0.0 {
             return 0.0;
         }
-        let held = worker.images_held(&outside);
-        outside
-            .iter()
-            .zip(held)
-            .map(|(i, h)| f64::from(i.tokens) * (self.encoder_weight * h.encoder + self.preprocess_weight * h.processor))
-            .sum()
+        let held = worker.images_held(images);
+        let per_image = images.iter().zip(held).map(|(i, h)| {
+            let encoder = if i.end > overlap_tokens { self.encoder_weight * h.encoder } else { 0.0 };
+            f64::from(i.tokens) * (encoder + self.preprocess_weight * h.processor)
+        });
+        per_image.sum()
     }
 }
 
@@ -735,7 +736,7 @@ mod tests {
         assert_eq!((c.index_max_blocks, c.index_ttl_secs, c.pending_ttl_secs), (1_000_000, 600, 30));
         assert_eq!((c.queue_weight, c.eviction_weight), (0.25, 1.0));
         assert_eq!((c.image_encoder_weight, c.image_preprocess_weight), (0.35, 0.25));
-        assert_eq!((c.encoder_cache_tokens, c.processor_cache_gb), (8192, 4.0));
+        assert_eq!((c.encoder_cache_tokens, c.processor_cache_gb), (16_384, 4.0));
         assert_eq!(c.image_budgets().processor_bytes, 4 << 30);
         assert_eq!(c.validate(), Ok(()));
     }
@@ -806,7 +807,8 @@ mod tests {
     fn other_replicas_bookings_weigh_in_selection_and_their_records_enter_the_index() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
         let blocks = [11u64, 12, 13, 14];
-        let req = SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0, images: Vec::new() };
+        let req =
+            SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0, images: Vec::new() };
         // Another replica sent this prompt to b: b now holds it here too.
         r.apply_remote_dispatch(1, &blocks, Source::Approximate);
         assert_eq!(r.select(&req).unwrap().worker(), 1);
@@ -838,7 +840,8 @@ mod tests {
     #[test]
     fn candidates_are_the_healthy_workers_best_first() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b", "c", "d"])).unwrap();
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0, images: Vec::new() };
+        let req =
+            SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0, images: Vec::new() };
         let busy = r.begin(2, Load { prefill_tokens: 500, decode_tokens: 0, image_tokens: 0 });
         let d = r.select(&req).unwrap();
         assert_eq!(d.candidates.len(), 4);
@@ -872,7 +875,8 @@ mod tests {
         let cfg = RoutingConfig { ejection, ..RoutingConfig::default() };
         let r = Router::new(cfg, specs(&["a", "b", "c", "d"])).unwrap();
         let blocks = [11, 12, 13];
-        let req = SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0, images: Vec::new() };
+        let req =
+            SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0, images: Vec::new() };
         for w in 0..4 {
             r.record(w, &blocks);
         }
@@ -903,7 +907,8 @@ mod tests {
     fn a_half_open_worker_takes_one_probe_at_a_time() {
         let ejection = EjectionConfig { consecutive_failures: 1, base_ejection_ms: 30, ..Default::default() };
         let r = Router::new(RoutingConfig { ejection, ..RoutingConfig::default() }, specs(&["a", "b"])).unwrap();
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0, images: Vec::new() };
+        let req =
+            SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0, images: Vec::new() };
         assert!(r.failed(0, Failure::Error, false).is_some());
         while r.worker(0).availability() == Availability::Ejected {
             std::thread::sleep(std::time::Duration::from_millis(5));

@@ -31,6 +31,12 @@ pub struct ImageBudgets {
     pub processor_bytes: u64,
 }
 
+impl ImageBudgets {
+    /// vLLM's defaults for the Qwen-VL profiles: an encoder cache of max(max_num_batched_tokens, the
+    /// largest image) = 16384 tokens, and `--mm-processor-cache-gb 4`.
+    pub const VLLM_DEFAULT: ImageBudgets = ImageBudgets { encoder_tokens: 16_384, processor_bytes: 4 << 30 };
+}
+
 /// One image of a request as the residency model sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageUse {

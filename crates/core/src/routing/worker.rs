@@ -96,7 +96,7 @@ impl Worker {
     /// A worker starts healthy: the first failed check or connect takes it out. Its image caches
     /// are modelled with vLLM's default budgets.
     pub fn new(spec: WorkerSpec) -> Worker {
-        Worker::with_image_budgets(spec, super::RoutingConfig::default().image_budgets())
+        Worker::with_image_budgets(spec, ImageBudgets::VLLM_DEFAULT)
     }
 
     pub fn with_image_budgets(spec: WorkerSpec, budgets: ImageBudgets) -> Worker {

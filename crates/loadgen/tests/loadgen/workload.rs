@@ -177,3 +177,102 @@ fn non_streaming_option_drops_stream_fields() {
         assert!(l["body"].get("stream_options").is_none());
     }
 }
+
+/// FNV-1a (64 bit): a stable digest of a workload file without a hashing dependency.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A change to the default options.
+type Edit = fn(&mut WorkloadOptions);
+
+/// The existing shapes write the same bytes for the same seed and options as before the
+/// `shared-images` shape was added: benchmark workloads stay comparable across versions.
+#[test]
+fn existing_shapes_are_byte_identical_to_their_goldens() {
+    use mmrouter_loadgen::WorkloadShape;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, Edit, u64); 5] = [
+        ("mixed-photos", |_| {}, 0x0ad96d01536ce432),
+        ("mixed-synthetic", |o| o.images_dir = None, 0xb552071e0c97ddda),
+        (
+            "unique-text",
+            |o| {
+                o.shape = WorkloadShape::UniqueText;
+                o.conversations = 4;
+            },
+            0x398a7c47526d4dfc,
+        ),
+        (
+            "multi-turn",
+            |o| {
+                o.shape = WorkloadShape::MultiTurn;
+                o.conversations = 3;
+            },
+            0xe6375e54d3f14e24,
+        ),
+        (
+            "single-image",
+            |o| {
+                o.shape = WorkloadShape::SingleImage;
+                o.conversations = 2;
+                o.image_bytes = 3000;
+            },
+            0xb2f18c3852c3b684,
+        ),
+    ];
+    let mut got = Vec::new();
+    for (name, edit, _) in cases {
+        let (_, text) = generate(&dir, &format!("{name}.jsonl"), edit);
+        got.push((name, fnv1a(text.as_bytes())));
+    }
+    let expected: Vec<(&str, u64)> = cases.iter().map(|(name, _, digest)| (*name, *digest)).collect();
+    assert_eq!(got, expected);
+    // Readable anchors of the default workload's first line, should a digest ever need explaining.
+    let (_, text) = generate(&dir, "anchor.jsonl", |_| {});
+    let first: Value = serde_json::from_str(text.lines().next().expect("a line")).expect("json");
+    assert_eq!((first["conversation"].as_u64(), first["turn"].as_u64()), (Some(22), Some(0)));
+    let question = &first["body"]["messages"][1]["content"][1]["text"];
+    assert_eq!(question, "What is in this picture? Describe it in detail.");
+}
+
+#[test]
+fn shared_images_use_the_photos_then_synthetic_camera_images() {
+    use mmrouter_loadgen::WorkloadShape;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let photos = std::fs::read_dir(images_dir())
+        .expect("fixtures")
+        .filter(|e| {
+            let name = e.as_ref().expect("entry").file_name().to_string_lossy().to_ascii_lowercase();
+            [".png", ".jpg", ".jpeg", ".webp"].iter().any(|ext| name.ends_with(ext))
+        })
+        .count();
+    let (n, text) = generate(&dir, "shared.jsonl", |o| {
+        o.shape = WorkloadShape::SharedImages;
+        o.images = photos + 2;
+        o.conversations = 3 * (photos + 2);
+    });
+    assert_eq!(n, 3 * (photos + 2));
+    let mut urls: HashMap<String, usize> = HashMap::new();
+    for l in lines(&text) {
+        let messages = l["body"]["messages"].as_array().expect("messages");
+        assert_eq!(messages[0]["role"], "system");
+        for url in image_urls(&messages[1]) {
+            *urls.entry(url).or_default() += 1;
+        }
+    }
+    assert_eq!(urls.len(), photos + 2, "every image asked about");
+    assert!(urls.values().all(|&k| k == 3), "each image three times");
+    let real = urls.keys().filter(|u| u.starts_with("data:image/jpeg;") || u.starts_with("data:image/webp;")).count();
+    assert!(real > 0, "real photos among them");
+    // Synthetic images carry their tag in a PNG text chunk.
+    let synthetic = urls
+        .keys()
+        .filter(|u| {
+            let (_, b64) = u.split_once(";base64,").expect("data url");
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+            bytes.windows(12).any(|w| w == b"shared image")
+        })
+        .count();
+    assert_eq!(synthetic, 2, "synthetic camera images complete the set");
+}

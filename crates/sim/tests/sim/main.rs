@@ -1,6 +1,7 @@
 //! Behaviour of the simulated worker through real sockets (127.0.0.1, ephemeral ports).
 
 mod kv_events;
+mod mm_cache;
 
 use std::sync::Arc;
 use std::time::Duration;
