@@ -189,7 +189,10 @@ fn describe(r: &PrometheusRecorder) {
     gauge(WORKER_INFLIGHT_REQUESTS, "Requests in flight per worker.");
     gauge(WORKER_INFLIGHT_PREFILL_TOKENS, "Uncached prompt tokens dispatched and not yet answered, per worker.");
     gauge(WORKER_IMAGES_RESIDENT, "Images the router's model says a worker's engine still holds outside its KV cache.");
-    counter(WORKER_ENGINE_MM_CACHE_QUERIES, "The engine's processor-cache lookups (vllm:mm_cache_queries), per worker.");
+    counter(
+        WORKER_ENGINE_MM_CACHE_QUERIES,
+        "The engine's processor-cache lookups (vllm:mm_cache_queries), per worker.",
+    );
     counter(WORKER_ENGINE_MM_CACHE_HITS, "The engine's processor-cache hits (vllm:mm_cache_hits), per worker.");
     histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
     histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");

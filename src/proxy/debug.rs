@@ -83,9 +83,11 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
 /// encoder cache, in [0, 1]): the model behind `image_credit`.
 fn residency_json(router: &Router, images: &[ImageUse]) -> serde_json::Value {
     let workers = router.workers();
-    let per_worker = workers.iter().map(|w| serde_json::json!({
-        "worker": w.name(), "images_resident": w.images_resident(), "held": w.images_held(images),
-    }));
+    let per_worker = workers.iter().map(|w| {
+        serde_json::json!({
+            "worker": w.name(), "images_resident": w.images_resident(), "held": w.images_held(images),
+        })
+    });
     serde_json::Value::Array(per_worker.collect())
 }
 
