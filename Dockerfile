@@ -1,54 +1,58 @@
 # syntax=docker/dockerfile:1
-# mmrouter image: one static-ish binary on Debian slim.
-#   docker build -t mmrouter .
+# mmrouter image: one binary on Debian slim.
+#   docker build -t mmrouter --build-arg MMROUTER_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
+#   docker run --rm -p 8080:8080 mmrouter serve --model-dir qwen3-vl --worker http://10.0.0.7:8000 --listen 0.0.0.0:8080
 #   docker run --rm -p 8080:8080 -v "$PWD/my.toml:/etc/mmrouter/mmrouter.toml:ro" mmrouter
 # The same image runs the simulated workers: `docker run mmrouter sim --host 0.0.0.0 --port 8000 ...`.
+# No Docker daemon runs where the tests do: tests/behaviour/packaging.rs runs this file's Rust stages
+# with cargo's builds replaced by a check that cargo accepts the workspace at that point.
+
+# The dependency stage's input, derived from the workspace as cargo itself reads it (no list of members
+# here to fall behind): every member's manifest and a stub for each of its targets. It changes only
+# when a manifest or a target does, so the dependency layer below survives edits to the code.
+FROM rust:1.95-bookworm AS skeleton
+WORKDIR /src
+COPY . .
+RUN <<'EOF'
+set -eu
+mkdir -p skeleton
+cp Cargo.toml Cargo.lock skeleton/
+cargo metadata --no-deps --offline --format-version 1 | perl -MJSON::PP -e '
+    use strict;
+    use File::Basename qw(dirname);
+    use File::Copy qw(copy);
+    use File::Path qw(make_path);
+    use Cwd qw(getcwd);
+    my $root = getcwd() . "/";
+    my $meta = decode_json(join "", <STDIN>);
+    sub rel { my $p = shift; index($p, $root) == 0 or die "$p is outside $root\n"; substr($p, length $root) }
+    open my $names, ">", "skeleton/.skeleton-packages" or die $!;
+    for my $pkg (@{$meta->{packages}}) {
+        print $names "$pkg->{name}\n";
+        my $manifest = rel($pkg->{manifest_path});
+        make_path(dirname("skeleton/$manifest"));
+        copy($manifest, "skeleton/$manifest") or die "$manifest: $!\n";
+        for my $target (@{$pkg->{targets}}) {
+            my $file = "skeleton/" . rel($target->{src_path});
+            my $lib = grep { /lib|proc-macro/ } @{$target->{kind}};
+            make_path(dirname($file));
+            open my $out, ">", $file or die "$file: $!\n";
+            print $out ($lib ? "" : "fn main() {}\n");
+        }
+    }'
+EOF
 
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
-
-# Dependencies first: build them against stub sources so this layer survives edits to the code.
-# Cargo refuses a manifest whose declared [[bench]]/[[test]]/[[example]] files are missing, so each
-# one gets a stub too (they are not compiled by `cargo build`).
-COPY Cargo.toml Cargo.lock ./
-COPY crates/core/Cargo.toml crates/core/Cargo.toml
-COPY crates/sim/Cargo.toml crates/sim/Cargo.toml
-COPY crates/loadgen/Cargo.toml crates/loadgen/Cargo.toml
-COPY crates/kv-events/Cargo.toml crates/kv-events/Cargo.toml
-COPY crates/tokenize/Cargo.toml crates/tokenize/Cargo.toml
-RUN <<'EOF'
-set -eu
-for dir in . crates/core crates/sim crates/loadgen crates/kv-events crates/tokenize; do
-    mkdir -p "$dir/src"
-    : > "$dir/src/lib.rs"
-    awk -F'"' '
-        function flush() {
-            if (kind != "" && name != "") print (path != "" ? path : d[kind] "/" name ".rs")
-            kind = ""; name = ""; path = ""
-        }
-        BEGIN { d["bench"] = "benches"; d["test"] = "tests"; d["example"] = "examples" }
-        /^[ \t]*\[/ { flush() }
-        /^[ \t]*\[\[bench\]\]/ { kind = "bench"; next }
-        /^[ \t]*\[\[test\]\]/ { kind = "test"; next }
-        /^[ \t]*\[\[example\]\]/ { kind = "example"; next }
-        kind != "" && /^[ \t]*name[ \t]*=/ { name = $2 }
-        kind != "" && /^[ \t]*path[ \t]*=/ { path = $2 }
-        END { flush() }
-    ' "$dir/Cargo.toml" | while read -r f; do
-        mkdir -p "$dir/$(dirname "$f")"
-        [ -e "$dir/$f" ] || echo 'fn main() {}' > "$dir/$f"
-    done
-done
-echo 'fn main() {}' > src/main.rs
-cargo build --release --locked -p mmrouter
-# Forget the stub crates so the real sources are always rebuilt, whatever their mtimes.
-rm -rf src crates target/release/.fingerprint/mmrouter-*
-EOF
-
-# config/ is needed at build time: the bundled model profiles are embedded in the binary.
-COPY src src
-COPY crates crates
-COPY config config
+COPY --from=skeleton /src/skeleton/ ./
+# Then forget the stub crates' builds so the real sources are always rebuilt, whatever their mtimes.
+RUN cargo build --release --locked -p mmrouter \
+    && while read -r pkg; do rm -rf target/release/.fingerprint/"$pkg"-*; done < .skeleton-packages
+# Everything the build reads (build.rs, config/'s bundled model profiles, each crate): .dockerignore
+# keeps out what it does not.
+COPY . .
+# For `mmrouter --version`: .git is not in the build context.
+ARG MMROUTER_GIT_COMMIT=
 RUN cargo build --release --locked --bin mmrouter
 
 

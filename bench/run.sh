@@ -8,7 +8,8 @@
 # prefill contention), plus rows replaying the workload one request at a time (concurrency 1: no
 # load to balance) through mmrouter kv exact (approximate and precise) and sglang-router, and straight to one sim whose KV
 # cache never evicts (the workload's reuse ceiling: every block seen before is cached); then the
-# precise section (bench/precise.sh): approximate and precise mode in turns, round by round; then an
+# precise section (bench/precise.sh): approximate and precise mode in turns, round by round; then the
+# affinity section (bench/affinity.sh): image affinity on shared images and the multimodal workload; then an
 # overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
 # throughput table (two zero-time sims, closed loop, concurrency 16, the same requests); then the
 # replicas section (bench/replicas.sh): 1 router against 3 replicas round-robin (lone, sharing state
@@ -25,13 +26,14 @@
 #               replicas section alone about 5 min)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
-#   --only=routing,precise,overhead,throughput,replicas  run only these sections (default: all five)
+#   --only=routing,precise,affinity,overhead,throughput,replicas  run only these sections (default: all)
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
-#   PREC_ROUNDS (rounds of the precise section), REPL_ROUNDS (rounds of the replicas section),
+#   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB and AFF_ENC_TOKENS (the
+#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0").
@@ -43,7 +45,7 @@ BENCH="$ROOT/bench"
 QUICK=0
 BUILD=1
 PEERS=1
-ALL_SECTIONS=routing,precise,overhead,throughput,replicas
+ALL_SECTIONS=routing,precise,affinity,overhead,throughput,replicas
 ONLY=$ALL_SECTIONS
 PHASE=prepare
 for arg in "$@"; do
@@ -54,7 +56,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,38p' "$0"
+      sed -n '2,40p' "$0"
       exit 0
       ;;
     *)
@@ -86,6 +88,9 @@ source "$BENCH/replicas.sh"
 # The precise section's functions (precise mode against approximate mode, in turns).
 # shellcheck source=bench/precise.sh
 source "$BENCH/precise.sh"
+# The affinity section's functions (image affinity on shared images and the multimodal workload).
+# shellcheck source=bench/affinity.sh
+source "$BENCH/affinity.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Phase 1 (network allowed): build, install peers, then re-enter in a loopback-only namespace.
@@ -165,6 +170,13 @@ else
 fi
 # PREC_ROUNDS: rounds of the precise section (each runs both modes at both concurrencies).
 if [[ $QUICK == 1 ]]; then PREC_ROUNDS=${PREC_ROUNDS:-5}; else PREC_ROUNDS=${PREC_ROUNDS:-3}; fi
+# AFF_*: the affinity section's shared-images workload, concurrency, sims' processor cache and rounds.
+if [[ $QUICK == 1 ]]; then
+  AFF_IMAGES=24 AFF_REQUESTS=240 AFF_CONCURRENCY=8 AFF_ROUNDS=${AFF_ROUNDS:-3}
+else
+  AFF_IMAGES=24 AFF_REQUESTS=480 AFF_CONCURRENCY=16 AFF_ROUNDS=${AFF_ROUNDS:-3}
+fi
+AFF_PROC_GB=${AFF_PROC_GB:-1} AFF_ENC_TOKENS=${AFF_ENC_TOKENS:-32768}
 THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
 CEILING_KV_BLOCKS=4000000 # 64M tokens: far more than any workload here, so nothing is evicted
@@ -357,7 +369,7 @@ log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
 IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
-{ section_on routing || section_on precise; } && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
+{ section_on routing || section_on precise || section_on affinity; } && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
 if section_on replicas; then
   REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS" ${REPL_WL_EXTRA:-})
   [[ -d $IMAGES_DIR ]] && REPL_WL_ARGS+=(--images-dir "$IMAGES_DIR")
@@ -460,6 +472,11 @@ done
 PREC="$WORK/precise.tsv"
 : >"$PREC"
 if section_on precise; then precise_section; fi
+
+# Image affinity: shared images and the multimodal workload (bench/affinity.sh).
+AFF="$WORK/affinity.tsv"
+: >"$AFF"
+if section_on affinity; then affinity_section; fi
 
 # Replicas: 1 router against 3 replicas behind a round-robin address (bench/replicas.sh).
 REPL="$WORK/replicas.tsv"
@@ -609,7 +626,7 @@ closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${EL
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
 [[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
-python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --precise "$PREC" --params "$PARAMS" \
+python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --precise "$PREC" --affinity "$AFF" --params "$PARAMS" \
   --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$OUT"
 cat "$OUT"
 log "raw results in $WORK"

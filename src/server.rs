@@ -66,6 +66,33 @@ pub async fn serve_file(
     Ok(())
 }
 
+/// [`serve`] for a config that has no file to re-read (`serve` from flags). SIGHUP, whose default
+/// action ends the process, is logged and ignored; `POST /admin/reload` answers that there is no file.
+pub async fn serve_fixed(
+    cfg: Settings,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(&cfg)?;
+    spawn_sighup_ignored();
+    serve_state(&cfg, state, listener, shutdown).await;
+    Ok(())
+}
+
+#[cfg(unix)]
+fn spawn_sighup_ignored() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::warn!("SIGHUP ignored: this router's config came from flags, there is no file to re-read");
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup_ignored() {}
+
 #[cfg(unix)]
 fn spawn_sighup(pools: &Arc<pools::Pools>, path: std::path::PathBuf) {
     use tokio::signal::unix::{signal, SignalKind};

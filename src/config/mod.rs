@@ -5,6 +5,8 @@
 //! * [`Settings`] ([`settings`]): the same, validated once ([`build`]) into typed values (addresses,
 //!   durations, the model source, the family). Everything at run time is built from a `Settings`;
 //!   `demo` and the tests build one directly instead of writing TOML.
+//! * [`ConfigFlags`] ([`flags`]): `serve`'s flags, as the file's keys they replace (TOML again, so
+//!   `--print-config` shows a file that serves the same router).
 //!
 //! Every invalid value is reported with the key that holds it. Architecture invariant: this room imports
 //! nothing of the crate — every other room may read its settings.
@@ -12,6 +14,7 @@
 mod build;
 mod cluster;
 mod file;
+mod flags;
 mod kv_events;
 mod retries;
 mod settings;
@@ -19,6 +22,7 @@ mod settings;
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
 pub use cluster::{ClusterSection, ClusterSettings};
 pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
+pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use settings::{

@@ -24,7 +24,8 @@ fn resident(route: &serde_json::Value) -> Vec<u64> {
 async fn the_worker_sent_an_image_is_credited_for_it_under_a_new_prefix() {
     let c = cluster_with(sims(3, fast).await, "").await;
     let photo = png_data_url(320, 240, 7);
-    let r = post(&c.url, chat_under(&unique("You are a product expert."), &[photo.clone()], "What is it?")).await;
+    let r = post(&c.url, chat_under(&unique("You are a product expert."), std::slice::from_ref(&photo), "What is it?"))
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-mmrouter-route"), "exact");
     let sent_to = header(&r, "x-mmrouter-worker").to_owned();

@@ -19,6 +19,8 @@ mod kv_events;
 mod limits;
 mod metrics_format;
 mod openai_sdk;
+mod packaging;
 mod pools;
 mod proxy;
 mod reload;
+mod serve_flags;

@@ -8,11 +8,16 @@
 //!
 //! Each cache is an LRU over image identities (the key the router names the image by, which the
 //! engine uses too on the exact route) with the engine's budget. A lookup returns a *confidence* in
-//! [0, 1]: 1 for an image just sent, decaying linearly to 0 as other images fill the rest of the budget
-//! after it (what an LRU evicts it at; counting re-sends too, so it errs towards evicted), and 0 once
-//! the LRU has evicted it. Only exact plans feed it (a fallback names no image).
+//! [0, 1]: 1 for an image just sent, falling linearly to ½ as the distinct images sent after it fill the
+//! rest of the budget (it is then next to be evicted), and 0 once the LRU has evicted it. Only exact plans feed it (a fallback names no image).
 
 use std::collections::{BTreeMap, HashMap};
+
+/// The confidence in an image the LRU still holds but will evict next: the router cannot see the
+/// engine evict for other reasons, so it trusts the model's tail less than its head.
+const MIN_HELD: f64 = 0.5;
+/// Most newer entries one confidence lookup walks (a cache of many small images).
+const NEWER_SCAN: usize = 256;
 
 /// Processed-pixel bytes per encoder token as vLLM's processor cache sizes a Qwen-VL item: each
 /// encoder token comes from merge² = 4 patches of 3 × 2 × 14 × 14 = 1176 float32 values (the HF image
@@ -137,13 +142,19 @@ impl Lru {
 
     fn confidence(&self, key: u128) -> f64 {
         let Some(e) = self.entries.get(&key) else { return 0.0 };
-        // Used after it; a pure LRU evicts it once that passes the room the rest of the budget leaves.
-        let since = self.clock - e.stamp - e.size;
-        let room = self.budget - e.size;
-        if room == 0 {
-            return if since == 0 { 1.0 } else { 0.0 };
+        // The distinct images sent after it: a pure LRU evicts it once they fill the room the rest of
+        // the budget leaves. The walk is bounded: past NEWER_SCAN of them it counts as next in line.
+        let mut newer = 0u64;
+        for (n, (_, k)) in self.order.range(e.stamp + 1..).enumerate() {
+            if n == NEWER_SCAN {
+                return MIN_HELD;
+            }
+            newer += self.entries.get(k).map_or(0, |x| x.size);
         }
-        (1.0 - since as f64 / room as f64).clamp(0.0, 1.0)
+        match self.budget - e.size {
+            0 => 1.0, // it fills the cache: anything sent after it would have evicted it
+            room => 1.0 - (1.0 - MIN_HELD) * (newer as f64 / room as f64).min(1.0),
+        }
     }
 }
 
@@ -162,7 +173,9 @@ mod tests {
         assert_eq!(r.held(1), Held { encoder: 1.0, processor: 1.0 });
         r.sent(&[img(2, 450)]);
         let h = r.held(1);
-        assert!((h.encoder - 0.5).abs() < 1e-9 && (h.processor - 0.5).abs() < 1e-9, "450 of the 900 left: {h:?}");
+        assert!((h.encoder - 0.75).abs() < 1e-9 && (h.processor - 0.75).abs() < 1e-9, "450 of the 900 left: {h:?}");
+        r.sent(&[img(2, 450), img(2, 450)]);
+        assert_eq!(r.held(1), h, "re-sending the same image moves nothing else closer to eviction");
         assert_eq!(r.held(3), Held::default(), "never sent");
     }
 

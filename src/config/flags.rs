@@ -1,0 +1,217 @@
+//! `mmrouter serve`'s config flags as the file's keys. The flags become TOML — over the file's own
+//! TOML when there is one, each flag replacing its key — and that text goes through the file's
+//! loader, so what `--print-config` shows, saved and served with `--config`, is the same router.
+
+use mmrouter_core::model::ModelSource;
+use mmrouter_core::routing::Engine;
+use toml::{Table, Value};
+
+use super::build::check_worker_url;
+
+/// The flags that stand for config keys; `None` or empty leaves the file's key as written.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigFlags {
+    /// `[model] dir`.
+    pub model_dir: Option<String>,
+    /// Replaces `[[workers]]`: these URLs, named `worker-0`, `worker-1`, ….
+    pub workers: Vec<String>,
+    /// `kv_events` of each flag worker: `discover` or one publisher endpoint (one worker).
+    pub kv_events: Option<String>,
+    /// `engine` of each flag worker.
+    pub engine: Option<Engine>,
+    /// `[model] block_size`.
+    pub block_size: Option<u32>,
+    /// `[server] listen`.
+    pub listen: Option<String>,
+}
+
+impl ConfigFlags {
+    /// Whether the flags describe the pool (`--listen` alone does not: the file is the config).
+    pub fn set_pool(&self) -> bool {
+        self.model_dir.is_some() || !self.workers.is_empty() || self.block_size.is_some()
+    }
+
+    /// The config file the flags amount to over `file` (its TOML), or alone (`None`: then
+    /// `--model-dir` and one `--worker` at least are needed).
+    pub fn to_toml(&self, file: Option<Table>) -> anyhow::Result<String> {
+        self.check()?;
+        let mut doc = match file {
+            Some(doc) => doc,
+            None => self.require_pool()?,
+        };
+        if self.set_pool() && doc.contains_key("pools") {
+            anyhow::bail!(
+                "--model-dir, --worker and --block-size describe the one pool of a file without [[pools]]; \
+                 this file has [[pools]]: set the pools' keys in the file"
+            );
+        }
+        if let Some(dir) = &self.model_dir {
+            section(&mut doc, "model")?.insert("dir".into(), dir.clone().into());
+        }
+        if let Some(n) = self.block_size {
+            section(&mut doc, "model")?.insert("block_size".into(), i64::from(n).into());
+        }
+        if !self.workers.is_empty() {
+            doc.insert("workers".into(), Value::Array(self.worker_entries()));
+        }
+        if let Some(listen) = &self.listen {
+            section(&mut doc, "server")?.insert("listen".into(), listen.clone().into());
+        }
+        toml::to_string(&doc).map_err(|e| anyhow::anyhow!("the config as TOML: {e}"))
+    }
+
+    /// Each flag on its own, so an error names the flag rather than the key it becomes.
+    fn check(&self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.model_dir {
+            ModelSource::parse(dir).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
+        }
+        for url in &self.workers {
+            check_worker_url(url).map_err(|e| anyhow::anyhow!("--worker: {e}"))?;
+        }
+        match self.kv_events.as_deref() {
+            None | Some("discover") => {}
+            Some(_) if self.workers.len() > 1 => {
+                anyhow::bail!("--kv-events ENDPOINT names one publisher: give one --worker, or --kv-events discover")
+            }
+            Some(ep) => {
+                mmrouter_kv_events::endpoint::Endpoint::parse(ep).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--kv-events: '{ep}' is neither discover nor a ZMQ endpoint like tcp://host:5557 ({e})"
+                    )
+                })?;
+            }
+        }
+        if let Some(n) = self.block_size.filter(|n| !(1..=4096).contains(n)) {
+            anyhow::bail!("--block-size must be in 1..=4096 (got {n})");
+        }
+        if let Some(l) = self.listen.as_deref().filter(|l| l.parse::<std::net::SocketAddr>().is_err()) {
+            anyhow::bail!("--listen: '{l}' is not an address like 127.0.0.1:8080");
+        }
+        Ok(())
+    }
+
+    /// Without a file the flags are the whole config: a model and its workers.
+    fn require_pool(&self) -> anyhow::Result<Table> {
+        if self.model_dir.is_none() {
+            anyhow::bail!(
+                "--model-dir: give the model the workers serve (a bundled profile like qwen3-vl, or an HF \
+                 model directory), or a config file with --config"
+            );
+        }
+        if self.workers.is_empty() {
+            anyhow::bail!("--worker: give at least one worker base URL (--worker http://HOST:PORT), or a config file with --config");
+        }
+        Ok(Table::new())
+    }
+
+    fn worker_entries(&self) -> Vec<Value> {
+        let entry = |(i, url): (usize, &String)| {
+            let mut w = Table::new();
+            w.insert("name".into(), format!("worker-{i}").into());
+            w.insert("url".into(), url.clone().into());
+            if let Some(engine) = self.engine {
+                let name = match engine {
+                    Engine::Vllm => "vllm",
+                    Engine::Sglang => "sglang",
+                };
+                w.insert("engine".into(), name.into());
+            }
+            if let Some(events) = &self.kv_events {
+                w.insert("kv_events".into(), events.clone().into());
+            }
+            Value::Table(w)
+        };
+        self.workers.iter().enumerate().map(entry).collect()
+    }
+}
+
+/// The file's `[name]` table, created when absent.
+fn section<'a>(doc: &'a mut Table, name: &str) -> anyhow::Result<&'a mut Table> {
+    doc.entry(name)
+        .or_insert_with(|| Value::Table(Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| anyhow::anyhow!("{name}: expected a table ([{name}]) in the config file"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::settings::{EventSource, Settings};
+    use super::*;
+
+    fn table(text: &str) -> Option<Table> {
+        Some(toml::from_str(text).unwrap())
+    }
+
+    fn flags(dir: &str, workers: &[&str]) -> ConfigFlags {
+        ConfigFlags {
+            model_dir: Some(dir.into()),
+            workers: workers.iter().map(|w| w.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn flags_alone_are_a_one_pool_file() {
+        let f = ConfigFlags {
+            kv_events: Some("discover".into()),
+            listen: Some("0.0.0.0:9000".into()),
+            ..flags("qwen3-vl", &["http://127.0.0.1:8001", "http://127.0.0.1:8002"])
+        };
+        let text = f.to_toml(None).unwrap();
+        let c = Settings::parse(&text).unwrap();
+        assert_eq!(c.server.listen.to_string(), "0.0.0.0:9000");
+        let names: Vec<_> = c.pools[0].workers.iter().map(|w| (w.spec.name.as_str(), w.spec.url.as_str())).collect();
+        assert_eq!(names, [("worker-0", "http://127.0.0.1:8001"), ("worker-1", "http://127.0.0.1:8002")]);
+        assert!(c.pools[0].workers.iter().all(|w| w.events == Some(EventSource::Discover)));
+        assert_eq!(c.pools[0].pipeline.model.name, "qwen3-vl");
+    }
+
+    /// The rule: each flag replaces its key (the whole `[[workers]]` list for `--worker`); every other
+    /// key of the file stays as written.
+    #[test]
+    fn flags_override_the_files_keys_and_keep_the_rest() {
+        let file = "[server]\nlisten = \"127.0.0.1:7000\"\nmax_connections = 7\n[model]\ndir = \"qwen2.5-vl\"\nblock_size = 32\n\
+                    [[workers]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nname = \"b\"\nurl = \"http://127.0.0.1:2\"\n";
+        let c = Settings::parse(&flags("qwen3-vl", &["http://127.0.0.1:3"]).to_toml(table(file)).unwrap()).unwrap();
+        assert_eq!(c.pools[0].pipeline.model.name, "qwen3-vl");
+        assert_eq!(c.pools[0].pipeline.model.block_size, 32);
+        assert_eq!(c.pools[0].workers.len(), 1);
+        assert_eq!(c.pools[0].workers[0].spec.url, "http://127.0.0.1:3");
+        assert_eq!((c.server.listen.port(), c.server.conn.max_connections), (7000, Some(7)));
+        // No flag: the file as written.
+        assert_eq!(
+            Settings::parse(&ConfigFlags::default().to_toml(table(file)).unwrap()).unwrap(),
+            Settings::parse(file).unwrap()
+        );
+    }
+
+    #[test]
+    fn each_bad_flag_is_named() {
+        let one = || flags("qwen3-vl", &["http://127.0.0.1:1"]);
+        let cases = [
+            (ConfigFlags { model_dir: Some("/nonexistent/model".into()), ..one() }, "--model-dir"),
+            (ConfigFlags { workers: vec!["ftp://x".into()], ..one() }, "--worker"),
+            (ConfigFlags { kv_events: Some("http://x".into()), ..one() }, "--kv-events"),
+            (
+                ConfigFlags {
+                    kv_events: Some("tcp://127.0.0.1:5557".into()),
+                    ..flags("qwen3-vl", &["http://a:1", "http://b:1"])
+                },
+                "--kv-events",
+            ),
+            (ConfigFlags { block_size: Some(0), ..one() }, "--block-size"),
+            (ConfigFlags { listen: Some("localhost".into()), ..one() }, "--listen"),
+            (ConfigFlags { model_dir: None, ..one() }, "--model-dir"),
+            (ConfigFlags { workers: Vec::new(), ..one() }, "--worker"),
+        ];
+        for (f, name) in cases {
+            let err = f.to_toml(None).unwrap_err().to_string();
+            assert!(err.starts_with(name), "{f:?}: {err}");
+        }
+        let pools =
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{ name = \"a\", url = \"http://127.0.0.1:1\" }]\n";
+        assert!(one().to_toml(table(pools)).unwrap_err().to_string().contains("[[pools]]"));
+        let listen_only = ConfigFlags { listen: Some("127.0.0.1:0".into()), ..Default::default() };
+        assert!(listen_only.to_toml(table(pools)).is_ok(), "--listen applies to any file");
+    }
+}
