@@ -40,8 +40,7 @@ aff_routing() {
 # loadgen json, Σ sims' cached tokens, Σ sims' prompt tokens, prompt tokens per sim, Σ sims'
 # processor-cache queries, Σ hits, Σ encoder-cache queries, Σ hits.
 aff_run() {
-  local wl=$1 round=$2 row=$3 title=$4 kind name status=ok u k urls=() hits=0 prompt=0 split=
-  local pq=0 ph=0 eq=0 eh=0
+  local wl=$1 round=$2 row=$3 title=$4 kind name status=ok u urls=()
   case $row in
     aff | noaff) kind=mmrouter:kv:true:events ;;
     sgl) kind=sgl ;;
@@ -71,24 +70,12 @@ aff_run() {
     status="n/a (loadgen failed)"
     fail "affinity $name" "loadgen failed (see the log above)"
   }
-  for u in "${SIM_URLS[@]}"; do
-    curl -sf --max-time 5 "$u/metrics" >"$WORK/$name-sim.prom" || : >"$WORK/$name-sim.prom"
-    k=$(counter_file "$WORK/$name-sim.prom" 'vllm:prefix_cache_hits_total'); hits=$((hits + k))
-    k=$(counter_file "$WORK/$name-sim.prom" 'vllm:prompt_tokens_total'); prompt=$((prompt + k)) split+="${split:+,}$k"
-    k=$(counter_file "$WORK/$name-sim.prom" 'vllm:mm_cache_queries_total'); pq=$((pq + k))
-    k=$(counter_file "$WORK/$name-sim.prom" 'vllm:mm_cache_hits_total'); ph=$((ph + k))
-    k=$(counter_file "$WORK/$name-sim.prom" 'sim_encoder_cache_queries_total'); eq=$((eq + k))
-    k=$(counter_file "$WORK/$name-sim.prom" 'sim_encoder_cache_hits_total'); eh=$((eh + k))
-  done
+  sims_counters "$name"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$wl" "$row" "$title" "$round" "$status" \
-    "$WORK/$name.json" "$hits" "$prompt" "$split" "$pq" "$ph" "$eq" "$eh" >>"$AFF"
+    "$WORK/$name.json" "$SIMS_HITS" "$SIMS_PROMPT" "$SIMS_SPLIT" "$SIMS_MM_Q" "$SIMS_MM_H" "$SIMS_ENC_Q" \
+    "$SIMS_ENC_H" >>"$AFF"
   stop_router
   stop_sims
-}
-
-# counter_file FILE NAME: Σ of a counter family in a saved scrape (0 when absent).
-counter_file() {
-  awk -v name="$2" '$1 ~ "^"name"({|$)" {s += $NF} END {printf "%d", s}' "$1"
 }
 
 # affinity_workloads: the shared-images workload (the multimodal one is the routing section's).

@@ -14,7 +14,7 @@
 # prec_run CONC MODE ROUND: one run on fresh sims; appends: concurrency, mode, round, status, loadgen json,
 # Σ sims' cached tokens, Σ sims' prompt tokens, prompt tokens per sim.
 prec_run() {
-  local conc=$1 mode=$2 round=$3 ev= kind=mmrouter:kv:true name status=ok hits=0 prompt=0 split= u k
+  local conc=$1 mode=$2 round=$3 ev= kind=mmrouter:kv:true name status=ok
   [[ $mode == precise ]] && { ev=events; kind+=":events"; }
   name="precise-c$conc-$mode-$round"
   log "precise round $round, concurrency $conc: $mode"
@@ -31,16 +31,11 @@ prec_run() {
     fail "precise $name" "loadgen failed (see the log above)"
   }
   # The cached ratio from the sims' own counters too (vLLM counts every prompt token as queried).
-  for u in "${SIM_URLS[@]}"; do
-    k=$(counter_sum "$u/metrics" 'vllm:prefix_cache_hits_total' || true)
-    hits=$((hits + ${k:-0}))
-    k=$(counter_sum "$u/metrics" 'vllm:prompt_tokens_total' || true)
-    prompt=$((prompt + ${k:-0})) split+="${split:+,}${k:-0}"
-  done
+  sims_counters
   # The router's own series after the run (index entries by source, KV-event counters), for diagnosis.
   curl -sf --max-time 5 "$ROUTER_METRICS" >"$WORK/$name.prom" || : >"$WORK/$name.prom"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$conc" "$mode" "$round" "$status" "$WORK/$name.json" "$hits" \
-    "$prompt" "$split" >>"$PREC"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$conc" "$mode" "$round" "$status" "$WORK/$name.json" "$SIMS_HITS" \
+    "$SIMS_PROMPT" "$SIMS_SPLIT" >>"$PREC"
   stop_router
   stop_sims
 }

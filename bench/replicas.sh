@@ -101,7 +101,7 @@ wait_peers() {
 # replicas' /metrics files (comma-separated), peers seen before the load (cluster row).
 repl_row() {
   local mode=$1 round=$2 row=$3 title=$4 ev= kind=mmrouter:kv:true n=$REPL_N k name err= status=ok
-  local urls=() pids=() metrics=() proms=() peers= hits prompt split u
+  local urls=() pids=() metrics=() proms=() peers=
   [[ $mode == precise ]] && { ev=events; kind+=":events"; }
   [[ $row == one ]] && n=1
   [[ $row == sgl ]] && kind=sgl
@@ -139,13 +139,7 @@ repl_row() {
     fail "replicas $name" "loadgen failed (see the log above)"
   }
   # The cached ratio from the sims' own counters (vLLM counts every prompt token as queried).
-  hits=0 prompt=0 split=
-  for u in "${SIM_URLS[@]}"; do
-    k=$(counter_sum "$u/metrics" 'vllm:prefix_cache_hits_total' || true)
-    hits=$((hits + ${k:-0}))
-    k=$(counter_sum "$u/metrics" 'vllm:prompt_tokens_total' || true)
-    prompt=$((prompt + ${k:-0})) split+="${split:+,}${k:-0}"
-  done
+  sims_counters
   for k in "${!metrics[@]}"; do
     proms+=("$WORK/$name-r$((k + 1)).prom")
     curl -sf --max-time 5 "${metrics[$k]}" >"${proms[-1]}" || : >"${proms[-1]}"
@@ -159,7 +153,7 @@ repl_row() {
     done
   fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$row" "$title" "$round" "$status" \
-    "$WORK/$name.json" "$hits" "$prompt" "$split" "$(IFS=,; echo "${proms[*]}")" "$peers" >>"$REPL"
+    "$WORK/$name.json" "$SIMS_HITS" "$SIMS_PROMPT" "$SIMS_SPLIT" "$(IFS=,; echo "${proms[*]}")" "$peers" >>"$REPL"
   stop_pids "${pids[@]}"
   [[ -z $NATS_PID ]] || stop_pids "$NATS_PID"
   NATS_PID=

@@ -277,6 +277,29 @@ counter_sum() {
   curl -sf --max-time 5 "$1" | awk -v name="$2" '$1 ~ "^"name"({|$)" {s += $NF} END {printf "%d", s}'
 }
 
+# sims_counters [NAME]: reads every current sim's /metrics once (saved as $WORK/NAME-simK.prom when NAME
+# is given) and sets SIMS_HITS and SIMS_PROMPT (Σ vllm:prefix_cache_hits_total and prompt_tokens_total),
+# SIMS_SPLIT (each sim's prompt tokens, comma-separated), SIMS_MM_Q / SIMS_MM_H (Σ vllm:mm_cache_queries /
+# hits) and SIMS_ENC_Q / SIMS_ENC_H (Σ sim_encoder_cache_queries / hits).
+sims_counters() {
+  local i page k
+  SIMS_HITS=0 SIMS_PROMPT=0 SIMS_SPLIT= SIMS_MM_Q=0 SIMS_MM_H=0 SIMS_ENC_Q=0 SIMS_ENC_H=0
+  for i in "${!SIM_URLS[@]}"; do
+    page=$(curl -sf --max-time 5 "${SIM_URLS[$i]}/metrics" || true)
+    [[ -z ${1:-} ]] || printf '%s\n' "$page" >"$WORK/$1-sim$i.prom"
+    k=$(page_sum "$page" 'vllm:prefix_cache_hits_total'); SIMS_HITS=$((SIMS_HITS + k))
+    k=$(page_sum "$page" 'vllm:prompt_tokens_total'); SIMS_PROMPT=$((SIMS_PROMPT + k)) SIMS_SPLIT+="${SIMS_SPLIT:+,}$k"
+    k=$(page_sum "$page" 'vllm:mm_cache_queries_total'); SIMS_MM_Q=$((SIMS_MM_Q + k))
+    k=$(page_sum "$page" 'vllm:mm_cache_hits_total'); SIMS_MM_H=$((SIMS_MM_H + k))
+    k=$(page_sum "$page" 'sim_encoder_cache_queries_total'); SIMS_ENC_Q=$((SIMS_ENC_Q + k))
+    k=$(page_sum "$page" 'sim_encoder_cache_hits_total'); SIMS_ENC_H=$((SIMS_ENC_H + k))
+  done
+}
+# page_sum PAGE NAME: Σ of a counter family in a Prometheus page (0 when absent).
+page_sum() {
+  awk -v name="$2" '$1 ~ "^"name"({|$)" {s += $NF} END {printf "%d", s}' <<<"$1"
+}
+
 # write_config FILE PORT POLICY EXACT
 write_config() {
   local file=$1 port=$2 policy=$3 exact=$4 i
