@@ -4,14 +4,16 @@
 //! Every message of a replica goes out on one subject, in order, so a booking's first byte and end
 //! never overtake it. Another replica's booking is remote load on its worker until its end arrives,
 //! its replica's heartbeat no longer lists it (a lost end), or its replica has been silent for
-//! `booking_ttl` (it died, or NATS is down: each replica then routes on its own view).
+//! `booking_ttl` (it died, or NATS is down: each replica then routes on its own view). Dispatch records
+//! (blocks) and image records (what the exact route sent a worker, for its image-residency model) are
+//! applied as the sender recorded them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mmrouter_core::routing::{Link, Load, Router, Source, Worker};
+use mmrouter_core::routing::{ImageUse, Link, Load, Router, Source, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -23,6 +25,8 @@ use crate::observe::*;
 pub const OUTBOX_CAPACITY: usize = 16_384;
 /// Blocks one dispatch record carries at most (a prompt's head matters most; the message stays small).
 const MAX_DISPATCH_BLOCKS: usize = 8_192;
+/// Images one record carries at most (a request's images; more are not shared).
+const MAX_IMAGES: usize = 64;
 
 /// One replica's message (JSON on `<prefix>.replicas`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -59,13 +63,20 @@ pub enum Msg {
         src: u8,
         b: Vec<u64>,
     },
+    /// Images sent to `pool`/`w` on the exact route: (identity as 32 hex digits, encoder tokens).
+    Images {
+        r: String,
+        pool: String,
+        w: String,
+        img: Vec<(String, u32)>,
+    },
 }
 
 impl Msg {
     fn replica(&self) -> &str {
         match self {
             Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
-            Msg::Dispatch { r, .. } => r,
+            Msg::Dispatch { r, .. } | Msg::Images { r, .. } => r,
         }
     }
 }
@@ -148,6 +159,12 @@ impl Link for PoolLink {
         self.out.send(Msg::Dispatch { r, pool, w, src, b });
         self.out.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "sent"), 1);
     }
+
+    fn images_sent(&self, worker: &str, images: &[ImageUse]) {
+        let img = images.iter().take(MAX_IMAGES).map(|i| (format!("{:032x}", i.key), i.tokens)).collect();
+        let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.to_owned());
+        self.out.send(Msg::Images { r, pool, w, img });
+    }
 }
 
 /// A pool's router by the pool's name (the pools in force).
@@ -227,7 +244,26 @@ impl Inbox {
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
             }
             Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(routers, (&pool, &w), src, &b),
+            Msg::Images { pool, w, img, .. } => self.images(routers, (&pool, &w), &img),
         }
+    }
+
+    fn images(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), img: &[(String, u32)]) {
+        let parsed: Option<Vec<ImageUse>> = img
+            .iter()
+            .take(MAX_IMAGES)
+            .map(|(k, tokens)| u128::from_str_radix(k, 16).ok().map(|key| ImageUse { key, tokens: *tokens, end: 0 }))
+            .collect();
+        let Some(images) = parsed else {
+            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1);
+        };
+        let Some(router) = routers(pool) else {
+            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
+        };
+        let Some(id) = router.find(w) else {
+            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
+        };
+        router.apply_remote_images(id, &images);
     }
 
     fn dispatch(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), src: u8, blocks: &[u64]) {
@@ -335,5 +371,43 @@ mod tests {
         assert_eq!(router.index().probe_detail(&[1, 2, 3], 2)[1].approximate, 3);
         inbox.apply(&routers, dispatch(9)); // not a source: dropped
         assert_eq!(router.index_entries().total(), 3);
+    }
+
+    #[test]
+    fn image_records_reach_the_workers_residency_model_and_bad_ones_are_dropped() {
+        let (router, observe) = (router(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe);
+        let images =
+            |k: &str| Msg::Images { r: "o".into(), pool: "p".into(), w: "w1".into(), img: vec![(k.into(), 300)] };
+        let key = 0xab_u128 << 100 | 7;
+        inbox.apply(&routers, images(&format!("{key:032x}")));
+        let probe = [ImageUse { key, tokens: 300, end: 0 }];
+        assert_eq!(router.worker(1).images_held(&probe)[0].encoder, 1.0);
+        assert_eq!(router.worker(0).images_held(&probe)[0].encoder, 0.0);
+        inbox.apply(&routers, images("not hex"));
+        assert_eq!(router.worker(1).images_resident(), 1, "a malformed record changes nothing");
+    }
+
+    #[test]
+    fn a_linked_router_shares_the_images_it_sends() {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        struct Spy(Arc<Mutex<Vec<String>>>);
+        impl Link for Spy {
+            fn book(&self, _: &str, _: Load) -> u64 {
+                0
+            }
+            fn first_byte(&self, _: u64) {}
+            fn finish(&self, _: u64) {}
+            fn dispatched(&self, _: &str, _: &[u64], _: Source) {}
+            fn images_sent(&self, worker: &str, images: &[ImageUse]) {
+                self.0.lock().unwrap().push(format!("{worker}:{}", images.len()));
+            }
+        }
+        let router = router();
+        router.set_link(Arc::new(Spy(sent.clone())));
+        router.images_sent(1, &[ImageUse { key: 1, tokens: 10, end: 0 }]);
+        router.apply_remote_images(0, &[ImageUse { key: 2, tokens: 10, end: 0 }]);
+        assert_eq!(*sent.lock().unwrap(), vec!["w1:1".to_owned()], "a remote record is not passed on");
     }
 }

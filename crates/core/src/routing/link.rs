@@ -8,10 +8,12 @@
 //! * Every other replica's bookings reach a worker as its *remote* load (`Worker::add_remote`,
 //!   `Worker::release_remote`); selection weighs local + remote in-flight load, so replicas that
 //!   choose a millisecond apart see each other's choice once the message lands. Their dispatch
-//!   records enter the index as they would here ([`super::Router::apply_remote_dispatch`]).
+//!   records enter the index as they would here ([`super::Router::apply_remote_dispatch`]), and the
+//!   images they sent enter the workers' image-residency models ([`super::Router::apply_remote_images`]).
 
 use super::index::Source;
 use super::load::Load;
+use super::residency::ImageUse;
 
 /// Receives this replica's bookings and dispatch records (see the module docs). Implementations must
 /// not block: they are called on the request's path.
@@ -25,4 +27,8 @@ pub trait Link: Send + Sync {
     fn finish(&self, booking: u64);
     /// `blocks` were recorded for `worker` with `source` (`Pending` or `Approximate`) at dispatch.
     fn dispatched(&self, worker: &str, blocks: &[u64], source: Source);
+    /// The exact route sent `images` to `worker` (its engine now likely caches them).
+    fn images_sent(&self, worker: &str, images: &[ImageUse]) {
+        let _ = (worker, images);
+    }
 }

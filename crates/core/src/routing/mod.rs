@@ -607,6 +607,15 @@ impl Router {
         if images.is_empty() {
             return;
         }
+        let Some(w) = self.workers.read().get(worker).cloned() else { return };
+        w.images_sent(images);
+        if let Some(link) = self.link.read().as_ref() {
+            link.images_sent(w.name(), images);
+        }
+    }
+
+    /// Another replica sent `images` to `worker` (its [`Link::images_sent`]); not passed on again.
+    pub fn apply_remote_images(&self, worker: usize, images: &[ImageUse]) {
         if let Some(w) = self.workers.read().get(worker) {
             w.images_sent(images);
         }
