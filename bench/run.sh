@@ -22,8 +22,8 @@
 # Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
 # failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
-#   --quick     small workload, short runs (< 10 min on 2 cores once built and installed; the
-#               replicas section alone about 5 min)
+#   --quick     small workload, short runs (about 20 min on 2 cores once built and installed; the
+#               precise, affinity and replicas sections about 4-5 min each)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
 #   --only=routing,precise,affinity,overhead,throughput,replicas  run only these sections (default: all)
