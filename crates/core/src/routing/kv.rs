@@ -6,14 +6,20 @@
 //!      + decode_weight  × in-flight decode tokens
 //! uncached = prompt_tokens − overlap_blocks × block_size   (saturating)
 //! evicted  = (new blocks − free blocks) × block_size        (saturating; 0 while the room is unknown)
-//! image credit = Σ over the request's images not inside the worker's cached prefix of
-//!                tokens × (image_encoder_weight × encoder-cache confidence
+//! image credit = Σ over the request's images of
+//!                tokens × (image_encoder_weight × encoder-cache confidence   (images outside the
+//!                                                                             cached prefix only)
 //!                          + image_preprocess_weight × processor-cache confidence)
 //! ```
 //!
 //! The image credit is the work a worker skips because its engine likely still holds an image the
 //! request carries (its vision-encoder output, or its processed pixels) although the image's KV blocks
 //! are gone or were never there (a new prefix around a known image): see `residency.rs`.
+//!
+//! The queue weighs less than the request's own uncached tokens (`queue_weight`, default 0.25): a queue
+//! delays this request once, while the tokens a miss recomputes delay every request queued behind them
+//! on that worker and store a second copy of a prefix; at weight 1 the greedy per-request cost spread
+//! conversations away from their caches under load (docs/benchmarks.md, "Routing cost").
 //!
 //! The eviction term needs the worker's KV events (its fill and, once it has evicted, its capacity).
 //! Without it, a prompt sharing a long prefix with one worker always goes there: with no load to
