@@ -40,6 +40,11 @@ cargo metadata --no-deps --offline --format-version 1 | perl -MJSON::PP -e '
             print $out ($lib ? "" : "fn main() {}\n");
         }
     }'
+# The members as the repository knows them today (tests/behaviour/packaging.rs holds this line to
+# Cargo.toml's [workspace] members): a derivation that missed one fails here, not in a later stage.
+for member in crates/core crates/kv-events crates/sim crates/loadgen crates/tokenize; do
+    test -f "skeleton/$member/Cargo.toml" || { echo "workspace member $member is not in the skeleton" >&2; exit 1; }
+done
 EOF
 
 FROM rust:1.95-bookworm AS builder

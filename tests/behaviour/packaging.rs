@@ -509,6 +509,22 @@ fn the_dockerfile_builds_every_workspace_member() {
     assert!(problems.is_empty(), "{path}:\n{}", problems.join("\n"));
 }
 
+/// The skeleton stage's check of the members it derived names exactly the workspace's members (the
+/// root package aside), so a new member cannot be left out of it.
+#[test]
+fn the_skeleton_check_names_every_workspace_member() {
+    let (path, text) = dockerfile();
+    let line =
+        text.lines().find(|l| l.trim_start().starts_with("for member in ")).expect("the skeleton's member check");
+    let named: Vec<&str> =
+        line.trim_start()["for member in ".len()..].split(';').next().unwrap().split_whitespace().collect();
+    let mut want: Vec<String> = members().into_iter().filter(|m| m != ".").collect();
+    want.sort();
+    let mut named: Vec<String> = named.into_iter().map(str::to_owned).collect();
+    named.sort();
+    assert_eq!(named, want, "{path}: the skeleton's member check against Cargo.toml's [workspace] members");
+}
+
 /// The reader finds what it must: a dependency stage that lists members by hand and forgets some.
 #[test]
 fn a_dockerfile_missing_a_member_or_a_stub_fails() {
