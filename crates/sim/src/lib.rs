@@ -44,7 +44,7 @@ pub mod timing;
 pub use error::SimError;
 pub use exact::{engine_image_id, run_exact, spawn_exact};
 pub use handle::{spawn, SimHandle};
-pub use mm_cache::processor_item_bytes;
+pub use mmrouter_core::routing::residency::processor_item_bytes;
 pub use options::{KvEventsFormat, SimOptions, DEFAULT_MODEL};
 pub use prompt::{Prompter, SimImage, SimPrompt};
 pub use prompter::WordPrompter;

@@ -1,11 +1,12 @@
 //! vLLM's two image caches, as the simulated worker keeps them, and the image work a request has left
-//! once they have answered ([`ImageWork`]).
+//! once they have answered ([`ImageWork`]). Both are mmrouter-core's `WeightedLru`, the LRU the router's
+//! residency model of a worker uses.
 //!
 //! * The **processor cache** (`--mm-processor-cache-gb`, vLLM's default 4 GiB; 0 disables it): an LRU
 //!   of processed images by identity (the part's `uuid`, else the engine's content hash: the
-//!   [`SimImage`] identifier), each sized by [`processor_item_bytes`]. vLLM's front end queries it for
-//!   every image of every request, before the engine knows anything of the prefix cache; a hit skips
-//!   the preprocessing. Counted as `vllm:mm_cache_queries` / `vllm:mm_cache_hits` (items).
+//!   [`SimImage`] identifier), each sized by the router's own rule (`processor_item_bytes`). vLLM's
+//!   front end queries it for every image of every request, before the engine knows anything of the
+//!   prefix cache; a hit skips the preprocessing. Counted as `vllm:mm_cache_queries` / `vllm:mm_cache_hits` (items).
 //! * The **encoder cache** (`--encoder-cache-tokens`): an LRU of encoder outputs by identity, sized in
 //!   encoder tokens; a hit skips the vision encoder. As vLLM's scheduler does, an image whose whole
 //!   placeholder run lies inside the cached prefix is neither encoded nor looked up: its tokens are
@@ -20,27 +21,10 @@
 //! request runs (vLLM frees them once the prefill has read them, so only concurrent requests could
 //! tell); a repeated image within one request hits on its second occurrence.
 
-use std::collections::{BTreeMap, HashMap};
+use mmrouter_core::routing::residency::{processor_item_bytes, WeightedLru};
 
 use crate::prompt::SimImage;
 use crate::timing::ImageWork;
-
-/// Values of one processed patch in the Qwen-VL family: 3 channels × 2 frames (temporal patch) × a
-/// 14 × 14 patch.
-const PATCH_VALUES: u64 = 3 * 2 * 14 * 14;
-/// Patches merged into one encoder (feature) token: the 2 × 2 spatial merge.
-const PATCHES_PER_TOKEN: u64 = 4;
-/// The processor emits float32 pixel values.
-const VALUE_BYTES: u64 = 4;
-
-/// Bytes of one processed image of `tokens` encoder tokens in vLLM's processor cache: its pixel
-/// tensor, `tokens` × 4 patches × 1176 float32 values = 18 816 bytes per token (the Qwen-VL rule,
-/// 14-pixel patches). The one sizing rule, so that a router modelling a worker's processor cache
-/// sizes its entries exactly as the simulator does. Qwen3-VL's 16-pixel patches hold 1536 values
-/// (24 576 bytes per token): this rule undercounts them by about a quarter.
-pub fn processor_item_bytes(tokens: u32) -> u64 {
-    u64::from(tokens) * PATCHES_PER_TOKEN * PATCH_VALUES * VALUE_BYTES
-}
 
 /// What the image caches have counted since the worker started (restarts do not reset them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,16 +44,16 @@ pub(crate) struct ImageCounts {
 /// Both caches of one worker and their counts.
 #[derive(Debug)]
 pub(crate) struct ImageCaches {
-    processor: Lru,
-    encoder: Lru,
+    processor: WeightedLru<String>,
+    encoder: WeightedLru<String>,
     counts: ImageCounts,
 }
 
 impl ImageCaches {
     pub fn new(processor_bytes: u64, encoder_tokens: u32) -> Self {
         Self {
-            processor: Lru::new(processor_bytes),
-            encoder: Lru::new(u64::from(encoder_tokens)),
+            processor: WeightedLru::new(processor_bytes),
+            encoder: WeightedLru::new(u64::from(encoder_tokens)),
             counts: ImageCounts::default(),
         }
     }
@@ -114,11 +98,11 @@ impl ImageCaches {
 
     /// True on a processor-cache hit. A disabled cache is not queried (vLLM then counts nothing).
     fn processed(&mut self, image: &SimImage) -> bool {
-        if self.processor.capacity == 0 {
+        if self.processor.budget() == 0 {
             return false;
         }
         self.counts.processor_queries += 1;
-        let hit = self.processor.query(&image.identifier, processor_item_bytes(image.feature_tokens));
+        let hit = self.processor.touch(image.identifier.clone(), processor_item_bytes(image.feature_tokens));
         self.counts.processor_hits += u64::from(hit);
         hit
     }
@@ -126,7 +110,7 @@ impl ImageCaches {
     /// True on an encoder-cache hit.
     fn encoded(&mut self, image: &SimImage) -> bool {
         self.counts.encoder_queries += 1;
-        let hit = self.encoder.query(&image.identifier, u64::from(image.feature_tokens));
+        let hit = self.encoder.touch(image.identifier.clone(), u64::from(image.feature_tokens));
         self.counts.encoder_hits += u64::from(hit);
         hit
     }
@@ -137,110 +121,12 @@ fn inside_prefix(image: &SimImage, cached_tokens: u32) -> bool {
     u64::from(image.offset) + u64::from(image.len) <= u64::from(cached_tokens)
 }
 
-/// Identities with weights, least recently used evicted first, within a total weight.
-#[derive(Debug)]
-struct Lru {
-    capacity: u64,
-    used: u64,
-    entries: HashMap<String, Entry>,
-    /// Keys by last use, oldest first.
-    order: BTreeMap<u64, String>,
-    next_stamp: u64,
-}
-
-#[derive(Debug)]
-struct Entry {
-    weight: u64,
-    stamp: u64,
-}
-
-impl Lru {
-    fn new(capacity: u64) -> Self {
-        Self { capacity, used: 0, entries: HashMap::new(), order: BTreeMap::new(), next_stamp: 0 }
-    }
-
-    /// True if `key` is held (it becomes the most recent); else stores it, evicting the least recent
-    /// until it fits. An item heavier than the whole capacity is not stored.
-    fn query(&mut self, key: &str, weight: u64) -> bool {
-        let stamp = self.stamp();
-        if let Some(entry) = self.entries.get_mut(key) {
-            self.order.remove(&entry.stamp);
-            entry.stamp = stamp;
-            self.order.insert(stamp, key.to_owned());
-            return true;
-        }
-        if weight > self.capacity {
-            return false;
-        }
-        while self.used + weight > self.capacity && self.evict_oldest() {}
-        self.used += weight;
-        self.entries.insert(key.to_owned(), Entry { weight, stamp });
-        self.order.insert(stamp, key.to_owned());
-        false
-    }
-
-    fn stamp(&mut self) -> u64 {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
-        stamp
-    }
-
-    /// False when nothing is left to evict.
-    fn evict_oldest(&mut self) -> bool {
-        let Some((_, key)) = self.order.pop_first() else { return false };
-        if let Some(entry) = self.entries.remove(&key) {
-            self.used -= entry.weight;
-        }
-        true
-    }
-
-    fn used(&self) -> u64 {
-        self.used
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.order.clear();
-        self.used = 0;
-    }
-
-    #[cfg(test)]
-    fn contains(&self, key: &str) -> bool {
-        self.entries.contains_key(key)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn image(id: &str, offset: u32, tokens: u32) -> SimImage {
         SimImage { offset, len: tokens, identifier: id.to_owned(), feature_tokens: tokens }
-    }
-
-    #[test]
-    fn processor_items_are_sized_as_qwen_pixel_tensors() {
-        assert_eq!(processor_item_bytes(1), 18_816);
-        assert_eq!(processor_item_bytes(300), 300 * 4 * 1176 * 4);
-        assert_eq!(processor_item_bytes(u32::MAX), u64::from(u32::MAX) * 18_816, "no overflow");
-    }
-
-    #[test]
-    fn lru_evicts_the_least_recently_used_by_weight() {
-        let mut lru = Lru::new(10);
-        assert!(!lru.query("a", 4));
-        assert!(!lru.query("b", 4));
-        assert!(lru.query("a", 4), "a hit refreshes a");
-        assert!(!lru.query("c", 4), "c needs room: b, the least recent, goes");
-        assert!(lru.contains("a") && !lru.contains("b") && lru.contains("c"));
-        assert_eq!(lru.used(), 8);
-        assert!(!lru.query("big", 9), "9 needs both gone");
-        assert!(!lru.contains("a") && !lru.contains("c"));
-        assert_eq!(lru.used(), 9);
-        assert!(!lru.query("huge", 11) && !lru.contains("huge"), "heavier than the cache: not kept");
-        assert!(lru.contains("big"), "and nothing evicted for it");
-        lru.clear();
-        assert_eq!((lru.used(), lru.contains("big")), (0, false));
     }
 
     #[test]

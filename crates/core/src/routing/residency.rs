@@ -12,6 +12,7 @@
 //! rest of the budget (it is then next to be evicted), and 0 once the LRU has evicted it. Only exact plans feed it (a fallback names no image).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 
 /// The confidence in an image the LRU still holds but will evict next: the router cannot see the
 /// engine evict for other reasons, so it trusts the model's tail less than its head.
@@ -24,7 +25,9 @@ const NEWER_SCAN: usize = 256;
 /// processor's `pixel_values`), so 4 × 1176 × 4 bytes.
 pub const PROCESSOR_BYTES_PER_TOKEN: u64 = 4 * 1176 * 4;
 
-/// The size of one image's entry in the processor cache, from its encoder tokens.
+/// The size of one image's entry in the processor cache, from its encoder tokens: the one sizing rule
+/// the router's model and the simulator share. Qwen3-VL's 16-pixel patches hold 1536 values (24 576
+/// bytes per token): this rule undercounts them by about a quarter.
 pub fn processor_item_bytes(encoder_tokens: u32) -> u64 {
     u64::from(encoder_tokens) * PROCESSOR_BYTES_PER_TOKEN
 }
@@ -64,13 +67,16 @@ pub struct Held {
 /// A worker's two image caches.
 #[derive(Debug)]
 pub struct Residency {
-    encoder: Lru,
-    processor: Lru,
+    encoder: WeightedLru<u128>,
+    processor: WeightedLru<u128>,
 }
 
 impl Residency {
     pub fn new(budgets: ImageBudgets) -> Residency {
-        Residency { encoder: Lru::new(budgets.encoder_tokens), processor: Lru::new(budgets.processor_bytes) }
+        Residency {
+            encoder: WeightedLru::new(budgets.encoder_tokens),
+            processor: WeightedLru::new(budgets.processor_bytes),
+        }
     }
 
     /// The worker was sent these images (in prompt order, as the engine processes them).
@@ -82,12 +88,12 @@ impl Residency {
     }
 
     pub fn held(&self, key: u128) -> Held {
-        Held { encoder: self.encoder.confidence(key), processor: self.processor.confidence(key) }
+        Held { encoder: self.encoder.confidence(&key), processor: self.processor.confidence(&key) }
     }
 
     /// Images the model holds in either cache.
     pub fn len(&self) -> usize {
-        self.processor.entries.len().max(self.encoder.entries.len())
+        self.processor.len().max(self.encoder.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -95,16 +101,16 @@ impl Residency {
     }
 }
 
-/// An LRU over image keys with a size budget and a clock in size units (each touch advances it by the
-/// entry's size), so "how much was used after this entry" is one subtraction.
+/// Keys with sizes within a budget, the least recently used evicted first: vLLM's processor and
+/// encoder caches as the router models them (`Residency`) and as the simulator keeps them.
 #[derive(Debug)]
-struct Lru {
+pub struct WeightedLru<K> {
     budget: u64,
     used: u64,
-    clock: u64,
-    entries: HashMap<u128, Entry>,
-    /// Entries by last touch, oldest first (the eviction order).
-    order: BTreeMap<u64, u128>,
+    next: u64,
+    entries: HashMap<K, Entry>,
+    /// Keys by last use, oldest first (the eviction order).
+    order: BTreeMap<u64, K>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -113,35 +119,68 @@ struct Entry {
     stamp: u64,
 }
 
-impl Lru {
-    fn new(budget: u64) -> Lru {
-        Lru { budget, used: 0, clock: 0, entries: HashMap::new(), order: BTreeMap::new() }
+impl<K: Eq + Hash + Clone> WeightedLru<K> {
+    pub fn new(budget: u64) -> WeightedLru<K> {
+        WeightedLru { budget, used: 0, next: 0, entries: HashMap::new(), order: BTreeMap::new() }
     }
 
-    fn touch(&mut self, key: u128, size: u64) {
-        // An item larger than the whole cache is never kept (vLLM skips caching it).
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The sizes held.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.order.clear();
+        self.used = 0;
+    }
+
+    /// Uses `key` of `size`: true if it was held (it becomes the most recent); else stores it, evicting
+    /// the least recent until it fits. An item of no size or larger than the whole budget is not kept
+    /// (vLLM skips caching it).
+    pub fn touch(&mut self, key: K, size: u64) -> bool {
+        let stamp = self.next;
+        self.next += 1;
+        if let Some(e) = self.entries.get_mut(&key) {
+            self.order.remove(&e.stamp);
+            e.stamp = stamp;
+            self.order.insert(stamp, key);
+            return true;
+        }
         if size == 0 || size > self.budget {
-            return;
+            return false;
         }
-        if let Some(old) = self.entries.remove(&key) {
-            self.order.remove(&old.stamp);
-            self.used -= old.size;
-        }
-        let stamp = self.clock;
-        self.clock += size;
-        self.entries.insert(key, Entry { size, stamp });
-        self.order.insert(stamp, key);
-        self.used += size;
-        while self.used > self.budget {
+        while self.used + size > self.budget {
             let Some((_, victim)) = self.order.pop_first() else { break };
             if let Some(e) = self.entries.remove(&victim) {
                 self.used -= e.size;
             }
         }
+        self.used += size;
+        self.entries.insert(key.clone(), Entry { size, stamp });
+        self.order.insert(stamp, key);
+        false
     }
 
-    fn confidence(&self, key: u128) -> f64 {
-        let Some(e) = self.entries.get(&key) else { return 0.0 };
+    /// How sure a router can be that the cache still holds `key` (see the module docs).
+    pub fn confidence(&self, key: &K) -> f64 {
+        let Some(e) = self.entries.get(key) else { return 0.0 };
         // The distinct images sent after it: a pure LRU evicts it once they fill the room the rest of
         // the budget leaves. The walk is bounded: past NEWER_SCAN of them it counts as next in line.
         let mut newer = 0u64;
@@ -164,6 +203,12 @@ mod tests {
 
     fn img(key: u128, tokens: u32) -> ImageUse {
         ImageUse { key, tokens, end: 0 }
+    }
+
+    #[test]
+    fn processor_items_are_sized_as_qwen_pixel_tensors() {
+        assert_eq!(processor_item_bytes(1), 18_816);
+        assert_eq!(processor_item_bytes(u32::MAX), u64::from(u32::MAX) * 18_816, "no overflow");
     }
 
     #[test]
@@ -190,6 +235,23 @@ mod tests {
         r.sent(&[img(3, 350), img(4, 350)]);
         assert_eq!(r.held(2).processor, 0.0, "the least recently sent goes first");
         assert!(r.held(1).processor > 0.0 && r.held(4).processor == 1.0);
+    }
+
+    #[test]
+    fn the_lru_evicts_the_least_recently_used_by_size() {
+        let mut lru = WeightedLru::new(10);
+        assert!(!lru.touch("a", 4));
+        assert!(!lru.touch("b", 4));
+        assert!(lru.touch("a", 4), "a hit refreshes a");
+        assert!(!lru.touch("c", 4), "c needs room: b, the least recent, goes");
+        assert!(lru.contains(&"a") && !lru.contains(&"b") && lru.contains(&"c"));
+        assert_eq!(lru.used(), 8);
+        assert!(!lru.touch("big", 9), "9 needs both gone");
+        assert!(!lru.contains(&"a") && !lru.contains(&"c"));
+        assert!(!lru.touch("huge", 11) && !lru.contains(&"huge"), "larger than the cache: not kept");
+        assert!(lru.contains(&"big"), "and nothing evicted for it");
+        lru.clear();
+        assert_eq!((lru.used(), lru.contains(&"big")), (0, false));
     }
 
     #[test]
