@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, Method};
 use bytes::Bytes;
 use mmrouter_core::media::ProbeTiming;
 use mmrouter_core::pipeline::{Planned, RoutePlan, StageTimings};
-use mmrouter_core::routing::{Decision, Worker};
+use mmrouter_core::routing::{Decision, ImageUse, Worker};
 
 use crate::front::ReceivedBody;
 use crate::observe::{Attempt, Ending, Observer, RequestRecord};
@@ -33,6 +33,8 @@ pub struct Ctx {
     pub select: Option<Duration>,
     /// The ranking; it holds its candidates, so their ids cannot name other workers while it lives.
     pub decision: Option<Decision>,
+    /// The plan's images as selection weighed them (exact route only), recorded at dispatch.
+    pub images: Vec<ImageUse>,
     /// Predicted overlap on the first worker tried (counted once per request).
     pub dispatched_overlap: Option<u32>,
     pub attempts: Vec<Attempt>,
@@ -58,6 +60,7 @@ impl Ctx {
             probes: Vec::new(),
             select: None,
             decision: None,
+            images: Vec::new(),
             dispatched_overlap: None,
             attempts: Vec::new(),
             retry_budget_exhausted: false,

@@ -33,7 +33,11 @@ struct Failed {
 /// Ranks the pool's workers for the plan.
 pub fn select(ctx: &mut Ctx) -> Result<(), ApiError> {
     let t = Instant::now();
-    let decision = ctx.pool().router.select(&select_request(ctx.plan())).ok_or_else(ApiError::no_worker)?;
+    let req = select_request(ctx.plan());
+    let decision = ctx.pool().router.select(&req).ok_or_else(ApiError::no_worker)?;
+    // Kept for dispatch, which records them on the worker it sends the request to.
+    let SelectRequest { images, .. } = req;
+    ctx.images = images;
     ctx.decision = Some(decision);
     ctx.select = Some(t.elapsed());
     Ok(())
@@ -185,7 +189,7 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
     let guard = router.begin(w, load);
     let uuid_named = plan.route == Route::Exact && !plan.images_rehashed;
     router.record_prompt(w, &plan.blocks, plan.first_image_block(), uuid_named);
-    router.images_sent(w, &image_uses(plan));
+    router.images_sent(w, &ctx.images);
     if first {
         ctx.dispatched_overlap = Some(overlap);
     }
