@@ -68,6 +68,9 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "overlap_sources": d.map(|d| &d.overlap_sources),
         "costs": d.map(|d| &d.costs),
         "image_credit": d.map(|d| &d.image_credit),
+        // Text-prefix plans with images: what engines counted beyond `prompt_tokens` on earlier turns
+        // (`per_worker`: of it, inside each worker's overlap).
+        "unseen_tokens": d.map(|d| &d.unseen),
         "policy": d.map(|d| d.policy),
         "worker": d.map(|d| name(d.worker())),
         "candidates": d.map(|d| d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>()),

@@ -51,6 +51,7 @@ pub fn select_request(plan: &RoutePlan) -> SelectRequest<'_> {
         prompt_tokens: plan.prompt_tokens,
         decode_tokens: plan.decode_tokens,
         images: image_uses(plan),
+        unseen: plan.placeholder_blocks.is_some(),
     }
 }
 
@@ -182,7 +183,7 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
     let decision = ctx.decision.as_ref().expect("selected");
     let overlap = decision.overlap_tokens(w, plan.block_size).min(plan.prompt_tokens);
     let load = Load {
-        prefill_tokens: plan.prompt_tokens - overlap,
+        prefill_tokens: decision.prefill_tokens(w, plan.prompt_tokens, plan.block_size),
         decode_tokens: plan.decode_tokens,
         image_tokens: plan.exact_image_tokens(),
     };

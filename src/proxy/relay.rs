@@ -57,6 +57,13 @@ fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: End
         (Outcome::Complete, Some(actual), Some(pred)) => Some(actual as f64 - f64::from(pred)),
         _ => None,
     };
+    if let (Outcome::Complete, Some(actual), Some(key)) =
+        (end.outcome, end.usage_prompt_tokens, ctx.plan().unseen_key())
+    {
+        // A fallback's images as its engine counted them: the next turn weighs this prefix by it.
+        let unseen = actual.saturating_sub(u64::from(ctx.plan().prompt_tokens));
+        ctx.pool().router.learn_unseen(key, u32::try_from(unseen).unwrap_or(u32::MAX));
+    }
     let ending = match end.outcome.cut_reason() {
         Some(reason) => {
             if end.outcome != Outcome::Timeout {

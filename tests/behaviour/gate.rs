@@ -211,6 +211,7 @@ async fn the_gate_matrix() {
                         prompt_tokens: installed.len() as u32 * 16,
                         decode_tokens: 0,
                         images: Vec::new(),
+                        unseen: false,
                     })
                     .unwrap();
                 assert_eq!(d.overlap_blocks[0] as usize, installed.len(), "{}", case.name);
@@ -454,4 +455,47 @@ async fn a_conversation_that_falls_back_keeps_its_worker() {
     // The worker reused turn 1's prompt, the image's tokens included (far more than the text prefix).
     let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(cached > 16 * held, "cached {cached} tokens, the router's keys alone cover {}", 16 * held);
+}
+
+/// The next turn of a conversation that fell back weighs its prefix as the engine counted it: the
+/// worker's answer to turn 1 says how many tokens the unaccounted image took, and turn 2's plan, whose
+/// keys extend turn 1's, carries them — whole on the worker holding turn 1, as uncached work on the
+/// others. Nothing of the image itself is learnt: the same image in another conversation gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_turn_weighs_its_prefix_as_the_engine_counted_it() {
+    let c = cluster_with(sims(2, fast).await, "[media]\nmax_pixels = 1000000").await;
+    let large = png_data_url(1200, 1000, 43);
+    let turn1 = chat_body(std::slice::from_ref(&large), "What is in this picture?", false);
+    let mut v: serde_json::Value = serde_json::from_slice(&turn1).unwrap();
+    let messages = v["messages"].as_array_mut().unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": "A flat grey surface, nothing else."}));
+    messages.push(serde_json::json!({"role": "user", "content": "Are you sure? Look at the corners again."}));
+    let turn2 = serde_json::to_vec(&v).unwrap();
+
+    let planned1 = debug_route(&c.url, "", &turn1, None).await["prompt_tokens"].as_u64().unwrap();
+    let (route1, w1, v1) = chat(&c.url, &turn1).await;
+    assert_eq!(route1, "text_prefix");
+    let engine1 = v1["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(engine1 > planned1 + 1000, "the worker counted {engine1} tokens, the plan {planned1}");
+
+    let plan = debug_route(&c.url, "", &turn2, None).await;
+    assert_eq!(plan["route"], "text_prefix");
+    let unseen = &plan["unseen_tokens"];
+    assert_eq!(unseen["total"].as_u64().unwrap(), engine1 - planned1);
+    let workers: Vec<String> = serde_json::from_value(plan["workers"].clone()).unwrap();
+    let per_worker: Vec<u64> = serde_json::from_value(unseen["per_worker"].clone()).unwrap();
+    let costs: Vec<f64> = serde_json::from_value(plan["costs"].clone()).unwrap();
+    let (holder, other) = match workers.iter().position(|w| *w == w1).unwrap() {
+        0 => (0, 1),
+        _ => (1, 0),
+    };
+    assert_eq!((per_worker[holder], per_worker[other]), (engine1 - planned1, 0));
+    // The other worker would recompute the image: its cost is higher by at least the image's tokens.
+    assert!(costs[other] - costs[holder] >= (engine1 - planned1) as f64, "costs {costs:?}");
+
+    // The same image under another conversation: nothing learnt applies.
+    let elsewhere = chat_body(std::slice::from_ref(&large), "Describe the colours, please.", false);
+    let plan = debug_route(&c.url, "", &elsewhere, None).await;
+    assert_eq!(plan["route"], "text_prefix");
+    assert_eq!(plan["unseen_tokens"]["total"], 0);
 }

@@ -100,8 +100,14 @@ fn select(c: &mut Criterion) {
             .expect("valid router");
     fill(|w, b| router.record(w, b));
     let hot = prompt(0);
-    let req =
-        SelectRequest { blocks: &hot, block_size: 16, prompt_tokens: 6400, decode_tokens: 256, images: Vec::new() };
+    let req = SelectRequest {
+        blocks: &hot,
+        block_size: 16,
+        prompt_tokens: 6400,
+        decode_tokens: 256,
+        images: Vec::new(),
+        unseen: false,
+    };
     c.bench_function("kv_select_8_workers_400_blocks", |b| b.iter(|| black_box(router.select(black_box(&req)))));
 }
 
@@ -334,6 +340,7 @@ fn scale_select(c: &mut Criterion) {
             prompt_tokens: 256 * 16,
             decode_tokens: 256,
             images: Vec::new(),
+            unseen: false,
         })
         .collect();
     let mut i = 0;
@@ -350,6 +357,7 @@ fn scale_select(c: &mut Criterion) {
         prompt_tokens: 256 * 16,
         decode_tokens: 256,
         images: Vec::new(),
+        unseen: false,
     };
     c.bench_function("scale_kv_select_1024w_10m_miss", |b| b.iter(|| black_box(router.select(black_box(&miss)))));
     println!("scale: kv select {}", percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()]))));

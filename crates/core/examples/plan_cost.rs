@@ -60,6 +60,7 @@ fn main() {
                     prompt_tokens: 6400,
                     decode_tokens: 256,
                     images: Vec::new(),
+                    unseen: false,
                 };
                 router.select(&req).map_or(0, |d| d.worker())
             }

@@ -102,7 +102,9 @@ impl Gate<'_> {
     fn set_fallback_blocks(&self, out: &mut Draft, tokens: &ChatTokens, seed: u64) {
         let prefix = plan::text_prefix(tokens).len();
         self.set_blocks(out, &tokens.ids, &[], seed, false);
-        out.plan.text_blocks = Some(prefix / self.block_size.max(1) as usize);
+        let bs = self.block_size.max(1) as usize;
+        out.plan.text_blocks = Some(prefix / bs);
+        out.plan.placeholder_blocks = tokens.placeholders.last().map(|&p| p / bs + 1);
     }
 
     /// The plan routes on `ids` (with `spans`): its block keys, its token count, and whether that is

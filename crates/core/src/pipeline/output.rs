@@ -87,6 +87,10 @@ pub struct RoutePlan {
     /// next turn. The tail carries nothing of any image (no identity, no token count); no engine can
     /// announce those keys, so they are recorded as approximate entries and never confirmed.
     pub text_blocks: Option<usize>,
+    /// Text-prefix plans whose prompt has image placeholders: how many leading blocks contain all of
+    /// them. Once every placeholder is inside a keyed block, the engine's count of the prompt teaches
+    /// the router what the prefix ending at the last block really holds ([`RoutePlan::unseen_key`]).
+    pub placeholder_blocks: Option<usize>,
 }
 
 impl RoutePlan {
@@ -103,6 +107,7 @@ impl RoutePlan {
             images_rehashed: false,
             unrendered: None,
             text_blocks: None,
+            placeholder_blocks: None,
         }
     }
 
@@ -116,6 +121,14 @@ impl RoutePlan {
     pub fn first_image_block(&self) -> usize {
         let first = self.spans.first().map(|s| (s.offset / self.block_size.max(1)) as usize).or(self.text_blocks);
         first.unwrap_or(self.blocks.len()).min(self.blocks.len())
+    }
+
+    /// The block key under which the engine's count of this prompt is learnt (`routing::unseen`): a
+    /// text-prefix plan's last block, when every image placeholder lies in a keyed block.
+    pub fn unseen_key(&self) -> Option<u64> {
+        let end = self.placeholder_blocks?;
+        (matches!(self.route, Route::TextPrefix { .. }) && end <= self.blocks.len())
+            .then(|| self.blocks.last().copied())?
     }
 
     /// Image tokens this request puts on its worker; zero unless the plan is exact.

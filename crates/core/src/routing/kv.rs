@@ -5,6 +5,8 @@
 //!                          + eviction_weight × evicted tokens − image credit)
 //!      + decode_weight  × in-flight decode tokens
 //! uncached = prompt_tokens − overlap_blocks × block_size   (saturating)
+//!            + unseen tokens outside the worker's overlap   (a fallback's images, as engines counted
+//!                                                            them on earlier turns: `unseen.rs`)
 //! evicted  = (new blocks − free blocks) × block_size        (saturating; 0 while the room is unknown)
 //! image credit = Σ over the request's images of
 //!                tokens × (image_encoder_weight × encoder-cache confidence   (images outside the
@@ -46,15 +48,16 @@ pub(crate) struct Kv {
 
 impl Kv {
     fn cost(&self, c: &Candidates<'_>, worker: usize) -> f64 {
-        let overlap_tokens =
-            u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0)).saturating_mul(u64::from(c.req.block_size));
-        let uncached = u64::from(c.req.prompt_tokens).saturating_sub(overlap_tokens);
+        let bs = u64::from(c.req.block_size);
+        let overlap = u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0));
+        // What engines counted beyond the plan's tokens (a fallback's images), and of it what is held.
+        let unseen = u64::from(c.unseen.total.saturating_sub(c.unseen.worker(worker)));
+        let uncached = u64::from(c.req.prompt_tokens).saturating_sub(overlap.saturating_mul(bs)) + unseen;
         let load = c.inflight.get(worker).copied().unwrap_or_default();
         let evicted = match c.room.get(worker).copied().flatten() {
             Some(room) => {
-                let overlap = u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0));
-                let new_blocks = (c.req.blocks.len() as u64).saturating_sub(overlap);
-                new_blocks.saturating_sub(room).saturating_mul(u64::from(c.req.block_size))
+                let new_blocks = (c.req.blocks.len() as u64).saturating_sub(overlap) + unseen / bs.max(1);
+                new_blocks.saturating_sub(room).saturating_mul(bs)
             }
             None => 0,
         };

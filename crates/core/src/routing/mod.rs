@@ -27,6 +27,7 @@ mod outlier;
 mod policy;
 pub mod residency;
 mod round_robin;
+pub mod unseen;
 mod worker;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub use worker::{Admission, Engine, EngineMmCache, LoadGuard, Worker, WorkerSpec
 
 pub use policy::SelectRequest;
 pub use residency::{Held, ImageBudgets, ImageUse};
+pub use unseen::Unseen;
 
 use policy::{Candidates, Policy};
 
@@ -233,6 +235,9 @@ pub struct Decision {
     /// Prefill-token equivalents each worker saves through the request's images its engine likely
     /// still holds outside the KV cache (the `kv` cost subtracts it; see `residency`).
     pub image_credit: Vec<f64>,
+    /// Tokens the engines counted inside the prompt that a text-prefix plan could not (learnt from
+    /// earlier answers, see `unseen`): per worker within its overlap, and the prompt's own.
+    pub unseen: Unseen,
     pub policy: &'static str,
     /// The candidates themselves: while the decision lives, their ids cannot be given to another
     /// worker (see [`Router`]).
@@ -251,9 +256,17 @@ impl Decision {
         self.candidates[0]
     }
 
-    /// Prompt tokens `worker` is predicted to hold.
+    /// Prompt tokens `worker` is predicted to hold, by its overlapping blocks.
     pub fn overlap_tokens(&self, worker: usize, block_size: u32) -> u32 {
         self.overlap_blocks.get(worker).copied().unwrap_or(0).saturating_mul(block_size)
+    }
+
+    /// Prefill tokens the request puts on `worker`: its planned tokens plus what the engines were
+    /// seen to count beyond them, less what the worker holds.
+    pub fn prefill_tokens(&self, worker: usize, prompt_tokens: u32, block_size: u32) -> u32 {
+        let held = self.overlap_tokens(worker, block_size).min(prompt_tokens);
+        let unseen = self.unseen.total.saturating_sub(self.unseen.worker(worker));
+        (prompt_tokens - held).saturating_add(unseen)
     }
 }
 
@@ -278,6 +291,7 @@ pub struct Router {
     /// The cluster this router's decisions are shared with (none for a lone replica).
     link: parking_lot::RwLock<Option<Arc<dyn Link>>>,
     images: ImageAffinity,
+    unseen: unseen::UnseenTokens,
 }
 
 /// How the router weighs the images its workers likely still hold (`[routing] image_*`).
@@ -379,6 +393,7 @@ impl Router {
             share: cfg.worker_share_blocks(),
             ejection: cfg.ejection,
             link: parking_lot::RwLock::new(None),
+            unseen: unseen::UnseenTokens::new(unseen::DEFAULT_CAPACITY),
         })
     }
 
@@ -533,6 +548,10 @@ impl Router {
         let inflight: Vec<InFlight> = workers.iter().map(|w| w.total_inflight()).collect();
         let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
         let image_credit = self.image_credit(&workers, req, &overlap_blocks);
+        let unseen = match req.unseen {
+            true => Unseen::weigh(&self.unseen.along(req.blocks), &overlap_blocks),
+            false => Unseen::default(),
+        };
         let candidates = Candidates {
             req,
             eligible: &eligible,
@@ -540,12 +559,14 @@ impl Router {
             inflight: &inflight,
             room: &room,
             image_credit: &image_credit,
+            unseen: &unseen,
         };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
         let held = candidates.iter().map(|&i| workers[i].clone()).collect();
         let policy = self.policy.name();
-        Some(Decision { candidates, overlap_blocks, overlap_sources, costs: pick.costs, image_credit, policy, held })
+        let costs = pick.costs;
+        Some(Decision { candidates, overlap_blocks, overlap_sources, costs, image_credit, unseen, policy, held })
     }
 
     /// Per worker, the image credit of the request (all 0 without images).
@@ -598,6 +619,14 @@ impl Router {
                     link.dispatched(w.name(), part, source);
                 }
             }
+        }
+    }
+
+    /// A text-prefix plan's prompt ending at block `key` cost its engine `tokens` more than the router
+    /// counted (its answer's `usage.prompt_tokens` less the plan's tokens): see `unseen`.
+    pub fn learn_unseen(&self, key: u64, tokens: u32) {
+        if tokens > 0 {
+            self.unseen.learn(key, tokens);
         }
     }
 
@@ -816,8 +845,14 @@ mod tests {
     fn other_replicas_bookings_weigh_in_selection_and_their_records_enter_the_index() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
         let blocks = [11u64, 12, 13, 14];
-        let req =
-            SelectRequest { prompt_tokens: 64, block_size: 16, blocks: &blocks, decode_tokens: 0, images: Vec::new() };
+        let req = SelectRequest {
+            prompt_tokens: 64,
+            block_size: 16,
+            blocks: &blocks,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
         // Another replica sent this prompt to b: b now holds it here too.
         r.apply_remote_dispatch(1, &blocks, Source::Approximate);
         assert_eq!(r.select(&req).unwrap().worker(), 1);
@@ -849,8 +884,14 @@ mod tests {
     #[test]
     fn candidates_are_the_healthy_workers_best_first() {
         let r = Router::new(RoutingConfig::default(), specs(&["a", "b", "c", "d"])).unwrap();
-        let req =
-            SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 100, decode_tokens: 0, images: Vec::new() };
+        let req = SelectRequest {
+            blocks: &[],
+            block_size: 16,
+            prompt_tokens: 100,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
         let busy = r.begin(2, Load { prefill_tokens: 500, decode_tokens: 0, image_tokens: 0 });
         let d = r.select(&req).unwrap();
         assert_eq!(d.candidates.len(), 4);
@@ -884,8 +925,14 @@ mod tests {
         let cfg = RoutingConfig { ejection, ..RoutingConfig::default() };
         let r = Router::new(cfg, specs(&["a", "b", "c", "d"])).unwrap();
         let blocks = [11, 12, 13];
-        let req =
-            SelectRequest { blocks: &blocks, block_size: 16, prompt_tokens: 48, decode_tokens: 0, images: Vec::new() };
+        let req = SelectRequest {
+            blocks: &blocks,
+            block_size: 16,
+            prompt_tokens: 48,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
         for w in 0..4 {
             r.record(w, &blocks);
         }
@@ -916,8 +963,14 @@ mod tests {
     fn a_half_open_worker_takes_one_probe_at_a_time() {
         let ejection = EjectionConfig { consecutive_failures: 1, base_ejection_ms: 30, ..Default::default() };
         let r = Router::new(RoutingConfig { ejection, ..RoutingConfig::default() }, specs(&["a", "b"])).unwrap();
-        let req =
-            SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 10, decode_tokens: 0, images: Vec::new() };
+        let req = SelectRequest {
+            blocks: &[],
+            block_size: 16,
+            prompt_tokens: 10,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
         assert!(r.failed(0, Failure::Error, false).is_some());
         while r.worker(0).availability() == Availability::Ejected {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -949,7 +1002,14 @@ mod tests {
         assert_eq!(r.index_entries().total(), 0, "removed workers leave nothing in the index");
 
         // A slot named by a live decision, guard or holder is not reused.
-        let req = SelectRequest { blocks: &[], block_size: 16, prompt_tokens: 1, decode_tokens: 0, images: Vec::new() };
+        let req = SelectRequest {
+            blocks: &[],
+            block_size: 16,
+            prompt_tokens: 1,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
         let id = r.add_worker(WorkerSpec::new("held", "http://127.0.0.1:1")).unwrap();
         let decision = r.select(&req).unwrap();
         assert!(decision.candidates.contains(&id));

@@ -5,6 +5,7 @@ use rand::{Rng, RngCore};
 
 use super::load::InFlight;
 use super::residency::ImageUse;
+use super::unseen::Unseen;
 
 /// What `select` needs to know about a request.
 pub struct SelectRequest<'a> {
@@ -17,6 +18,9 @@ pub struct SelectRequest<'a> {
     pub decode_tokens: u32,
     /// The images of an exact plan (empty otherwise): what the image-residency credit weighs.
     pub images: Vec<ImageUse>,
+    /// A text-prefix plan with images the router could not expand: its prefixes are looked up for the
+    /// tokens engines counted in them (`unseen`).
+    pub unseen: bool,
 }
 
 /// What a policy sees for one request; every slice is indexed by worker.
@@ -30,6 +34,8 @@ pub(crate) struct Candidates<'a> {
     /// Prefill-token equivalents each worker saves through the images it likely still holds in its
     /// processor and encoder caches (see `residency`); all 0 without images.
     pub image_credit: &'a [f64],
+    /// Tokens engines counted in the prompt beyond `req.prompt_tokens` (all 0 unless `req.unseen`).
+    pub unseen: &'a Unseen,
 }
 
 /// A policy's choice and the per-worker score behind it (lower is better; NaN = not eligible).

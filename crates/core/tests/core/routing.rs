@@ -39,6 +39,7 @@ fn req(blocks: &[u64]) -> SelectRequest<'_> {
         prompt_tokens: blocks.len() as u32 * BS,
         decode_tokens: 32,
         images: Vec::new(),
+        unseen: false,
     }
 }
 
