@@ -374,11 +374,18 @@ start_router() {
 
 stop_router() { [[ -z $ROUTER_PID ]] || stop_pids "$ROUTER_PID"; ROUTER_PID=; }
 
-# cpu_ticks PID: Σ utime + stime (clock ticks) of PID and its descendants, from one pass over /proc.
+# cpu_ticks PID: Σ utime + stime + cutime + cstime (clock ticks) of PID and its descendants, from one
+# pass over /proc; prints nothing when PID is gone (no reading rather than a wrong one).
+# A process anywhere on the machine that exits between the glob and its read makes cat fail; that is
+# expected and must not change the sum. (Callers once wrote `cpu_ticks PID || echo 0`: under pipefail
+# cat's failure appended a "0" to the sum awk had already printed, a reading ten times too large, and
+# the run's CPU delta came out hugely positive or negative.) cutime + cstime keep the time of children
+# that exit and are reaped during the interval in the sum.
 cpu_ticks() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '
-    { pid = $1; sub(/^.*\) /, ""); parent[pid] = $2; ticks[pid] = $12 + $13 }
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v root="$1" '
+    { pid = $1; sub(/^.*\) /, ""); parent[pid] = $2; ticks[pid] = $12 + $13 + $14 + $15 }
     END {
+      if (!(root in parent)) exit
       mine[root] = 1
       for (grew = 1; grew;) { grew = 0; for (p in parent) if (!(p in mine) && (parent[p] in mine)) { mine[p] = 1; grew = 1 } }
       for (p in mine) s += ticks[p]
