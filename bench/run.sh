@@ -709,6 +709,7 @@ closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${EL
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
 [[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
+OUT=${BENCH_OUT:-$OUT}
 # report.py checks every figure first (bench/plausible.py); with any implausible one it writes nothing
 # and exits 2, its stderr naming each figure, and the previous results file stays as it was.
 if python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" \
