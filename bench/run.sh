@@ -21,6 +21,11 @@
 #
 # Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
 # failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
+# Also 1 when any figure is implausible (bench/plausible.py: router CPU over a run below 0 or above
+# cores × its wall time, a loadgen that sent other than the requests the harness asked for, counts that
+# do not add up, percentiles out of order, differences or ratios between rows of different rounds):
+# then no report is written (the previous results file stays as it was) and the log names each figure
+# as "implausible: SECTION / SHAPE / PATH / RUN / FIGURE = VALUE (BOUND)".
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
 #   --quick     small workload, short runs (about 20 min on 2 cores once built and installed; the
 #               precise, affinity and replicas sections about 4-5 min each)
@@ -36,7 +41,12 @@
 #   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
-#   "eviction_weight = 0").
+#   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
+#   BENCH_CORRUPT=FIGURE (a test of the harness, see bench/test-harness.sh: corrupts the first measurement
+#   of FIGURE through a router where it is recorded, and the run must fail naming it; FIGURE is
+#   router-cpu (+1000 s of router CPU in a throughput run), router-cpu-negative (that reading negated),
+#   requests (an overhead report one request short of what the harness asked for), latency (an overhead
+#   report's p50 above its p99) or round (an overhead report filed under the next round's id)).
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
@@ -56,7 +66,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,40p' "$0"
+      sed -n '2,50p' "$0"
       exit 0
       ;;
     *)
