@@ -3,9 +3,14 @@
 
 rows.tsv:       name, title, status ("ok" or "n/a (reason)"), report json, fallback count, sim TTFT ms,
                 prompt tokens per sim (comma-separated)
-overhead.tsv:   title, shape ("-" when the path did not start), status, report json
+overhead.tsv:   title, shape ("-" when the path did not start), status, report jsons (comma-separated
+                rounds), round ids (comma-separated, one per report), requests asked per round
 throughput.tsv: title, shape ("-" when the path did not start), status, report jsons (comma-separated
-                repetitions), router CPU µs per request
+                runs), round ids, router CPU clock ticks per run ("-" without a router, "gone" when a
+                reading failed), wall µs around each run's two CPU readings, requests asked per run
+
+Every figure passes bench/plausible.py's checks first; with any implausible one nothing is printed,
+the figures are named on stderr and the exit status is 2.
 replicas.tsv:   mode, row, title, round, status, report json, Σ sims' cached tokens, Σ sims' prompt
                 tokens, prompt tokens per sim (comma-separated), the replicas' /metrics scrapes after the
                 run (comma-separated files), the replicas' mmrouter_cluster_peers before the load
@@ -20,15 +25,23 @@ import json
 import os
 import re
 import statistics
+import sys
+
+import plausible as P
 
 PEER = "sglang-router"  # the row every ratio is taken against
+# Every implausible figure met while building the report; main() writes nothing when there is one.
+V = P.Verdicts()
 
 
-def load(path):
+def load(path, where):
+    """A loadgen report, checked for plausibility under the figure name `where`; None when absent."""
     if not path or not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        r = json.load(f)
+    P.report(V, where, r)
+    return r
 
 
 def ms(v):
@@ -52,10 +65,6 @@ def shares(split):
     return "/".join(f"{100 * v / total:.0f}" for v in vals) + " %" if total > 0 else "-"
 
 
-def ratio(v, base):
-    return f"{v / base:.2f}×" if v is not None and base else "-"
-
-
 STAGES = ("intake", "account", "plan", "select", "forward_ttfb")
 STAGE_RE = re.compile(r'^mmrouter_stage_duration_seconds_(sum|count)\{stage="([a-z_]+)"\} (\S+)$')
 
@@ -73,7 +82,7 @@ def stage_totals(path):
     return totals
 
 
-def stage_means_us(report_paths):
+def stage_means_us(report_paths, where):
     """Mean µs per stage over the measured requests (scrapes taken before the first round and after the
     last: `<name>-<shape>.before.prom` beside the rounds' `<name>-<shape>-<round>.json`)."""
     prefix = re.sub(r"-\d+\.json$", "", report_paths.split(",")[0])
@@ -84,8 +93,13 @@ def stage_means_us(report_paths):
     means = {}
     for st in STAGES:
         n = after.get((st, "count"), 0) - before.get((st, "count"), 0)
-        if n > 0:
-            means[st] = 1e6 * (after.get((st, "sum"), 0) - before.get((st, "sum"), 0)) / n
+        total = after.get((st, "sum"), 0) - before.get((st, "sum"), 0)
+        # Counters only grow within one router process: a drop means the scrapes are not of one process.
+        figure = P.name(where, f"stage {st}")
+        if n < 0 or total < 0:
+            V.fail(figure, f"count {n:g}, sum {total:g} s", "counter differences over the run must be ≥ 0")
+        elif n > 0:
+            means[st] = 1e6 * total / n
     return means
 
 
@@ -106,7 +120,7 @@ def main_table(a, out):
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, title, status, path, fallbacks, ttft, split in rows:
-        r = load(path) if status == "ok" else None
+        r = load(path, P.name("routing", name)) if status == "ok" else None
         if r is None:
             reason = status if status != "ok" else "n/a (no report)"
             out.append(f"| {title} | {reason} |" + " |" * 11)
@@ -185,6 +199,28 @@ def shape_rows(rows, data, out):
             yield shape, title, value
 
 
+def measured_rounds(section, title, shape, paths, ids, asked):
+    """{round id: report} of one path and shape; each report checked against the count the harness
+    asked for and against the round its label names."""
+    paths, ids = [p for p in paths.split(",") if p], [i for i in ids.split(",") if i]
+    where = P.name(section, shape, title)
+    if len(paths) != len(ids):
+        V.fail(P.name(where, "round ids"), ",".join(ids), f"one per report ({len(paths)} reports)")
+        return {}
+    reps = {}
+    for path, rnd in zip(paths, ids):
+        fig = P.name(where, f"round {rnd}")
+        r = load(path, fig)
+        if r is None:
+            continue
+        P.count(V, P.name(fig, "requests"), int(asked), r["requests"])
+        P.label_round(V, fig, r["label"], rnd)
+        if rnd in reps:
+            V.fail(P.name(fig, "round id"), rnd, "filed twice for one path and shape")
+        reps[rnd] = r
+    return reps
+
+
 def overhead_table(a, out):
     out += [
         "",
@@ -194,21 +230,29 @@ def overhead_table(a, out):
         "| p50 ratio to sglang-router |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    rows = read_tsv(a.overhead, 4)
-    rounds = {}  # (title, shape) -> [report per round]
-    for title, shape, status, paths in rows:
-        reps = [load(p) for p in paths.split(",") if p] if status == "ok" else []
-        if reps and all(r is not None and r["ok"] for r in reps):
+    rows = read_tsv(a.overhead, 6)
+    rounds = {}  # (title, shape) -> {round id: report}
+    for title, shape, status, paths, ids, asked in rows:
+        if status != "ok":
+            continue
+        reps = measured_rounds("overhead", title, shape, paths, ids, asked)
+        if reps and all(r is not None and r["ok"] for r in reps.values()):
             rounds[(title, shape)] = reps
     median = statistics.median
     added = {}  # (title, shape, "mean"|"p50") -> median over rounds of (path − direct in that round), ms
     for (title, shape), reps in rounds.items():
         base = rounds.get(("direct", shape))
-        if base is not None and len(base) == len(reps):
-            for stat in ("mean", "p50"):
-                added[(title, shape, stat)] = median(
-                    r["latency_ms"][stat] - b["latency_ms"][stat] for r, b in zip(reps, base))
-    for shape, title, reps in shape_rows(rows, rounds, out):
+        if base is None or title == "direct":
+            continue
+        if not P.same_rounds(V, P.name("overhead", shape, title, "added µs"), list(reps), list(base), "direct"):
+            continue
+        for stat in ("mean", "p50"):
+            d = median(r["latency_ms"][stat] - base[k]["latency_ms"][stat] for k, r in reps.items())
+            # A router is one more hop than direct: what it adds is a cost above zero.
+            if P.positive(V, P.name("overhead", shape, title, f"added µs ({stat})"), 1000 * d):
+                added[(title, shape, stat)] = d
+    for shape, title, by_round in shape_rows(rows, rounds, out):
+        reps = list(by_round.values())
         failed = sum(r["requests"] - r["ok"] for r in reps)
         err = f" ({failed} failed)" if failed else ""
         cells = []
@@ -218,8 +262,12 @@ def overhead_table(a, out):
                 continue
             d = added.get((title, shape, stat))
             peer = added.get((PEER, shape, stat))
-            cells += ["-" if d is None else f"{1000 * d:+.0f}",
-                      ratio(d, peer) if d is not None and peer and peer > 0 else "-"]
+            rel = None
+            if d is not None and peer is not None and P.same_rounds(
+                    V, P.name("overhead", shape, title, f"ratio to {PEER} ({stat})"),
+                    list(by_round), list(rounds[(PEER, shape)]), PEER):
+                rel = P.ratio(V, P.name("overhead", shape, title, f"ratio to {PEER} ({stat})"), d, peer)
+            cells += ["-" if d is None else f"{1000 * d:+.0f}", "-" if rel is None else f"{rel:.2f}×"]
         mean_us = us(median(r["latency_ms"]["mean"] for r in reps))
         p50_us = us(median(r["latency_ms"]["p50"] for r in reps))
         out.append(f"| {shape_title(shape)} | {title} | {mean_us}{err} | {p50_us} | " + " | ".join(cells) + " |")
@@ -236,8 +284,8 @@ def overhead_table(a, out):
         if not title.startswith("mmrouter"):
             continue
         parts = []
-        for t, shape, status, path in rows:
-            means = stage_means_us(path) if t == title and status == "ok" else None
+        for t, shape, status, path, _, _ in rows:
+            means = stage_means_us(path, P.name("overhead", shape, t)) if t == title and status == "ok" else None
             if not means:
                 continue
             own = sum(v for k, v in means.items() if k != "forward_ttfb")
@@ -249,6 +297,35 @@ def overhead_table(a, out):
                 f"{title}, its own stages per measured request (mean µs, mmrouter_stage_duration_seconds; "
                 "forward_ttfb = upstream send to the worker's first byte): " + "; ".join(parts) + "."
             )
+
+
+def times(v):
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def router_cpu_us(a, where, reps, ids, cpus, walls):
+    """The router's CPU µs per request sent over the runs (None for direct): each run's CPU seconds
+    checked against cores × the wall time around it, divided by the loadgen's own request counts."""
+    ids, cpus, walls = ids.split(","), cpus.split(","), walls.split(",")
+    if len(cpus) != len(ids) or len(walls) != len(ids):
+        V.fail(P.name(where, "router CPU"), ",".join(cpus), f"one reading and one wall time per run ({len(ids)} runs)")
+        return None
+    secs = sent = 0
+    for rnd, ticks, wall_us in zip(ids, cpus, walls):
+        fig = P.name(where, f"run {rnd}")
+        wall = int(wall_us) / 1e6
+        if rnd in reps:
+            P.within_wall(V, fig, reps[rnd], wall)
+        if ticks == "-":
+            return None
+        if ticks == "gone":
+            V.fail(P.name(fig, "router CPU s"), ticks, "the router process was gone at a reading")
+            continue
+        cpu = int(ticks) / a.clk_tck
+        if P.cpu_seconds(V, P.name(fig, "router CPU s"), cpu, wall, a.cores, 1 / a.clk_tck) and rnd in reps:
+            secs += cpu
+            sent += reps[rnd]["requests"]
+    return 1e6 * secs / sent if sent else None
 
 
 def throughput_table(a, out):
@@ -265,26 +342,30 @@ def throughput_table(a, out):
         "| CPU ratio to sglang-router | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    rows = read_tsv(a.throughput, 5)
-    stats = {}  # (title, shape) -> (median, min, max, errors, runs, cpu)
-    for title, shape, status, paths, cpu in rows:
+    rows = read_tsv(a.throughput, 8)
+    stats = {}  # (title, shape) -> (median, min, max, errors, runs, cpu µs/req, round ids)
+    for title, shape, status, paths, ids, cpus, walls, asked in rows:
         if status != "ok":
             continue
-        reps = [r for r in (load(p) for p in paths.split(",") if p) if r is not None]
+        reps = measured_rounds("throughput", title, shape, paths, ids, asked)
         if not reps:
             continue
-        rps = [r["throughput_rps"] for r in reps]
-        errors = sum(r["requests"] - r["ok"] for r in reps)
-        cpu_us = float(cpu) if cpu else None
-        stats[(title, shape)] = (statistics.median(rps), min(rps), max(rps), errors, len(reps), cpu_us)
+        rps = [r["throughput_rps"] for r in reps.values()]
+        errors = sum(r["requests"] - r["ok"] for r in reps.values())
+        cpu_us = router_cpu_us(a, P.name("throughput", shape, title), reps, ids, cpus, walls)
+        stats[(title, shape)] = (statistics.median(rps), min(rps), max(rps), errors, len(reps), cpu_us, list(reps))
     for shape, title, s in shape_rows(rows, stats, out):
         peer = stats.get((PEER, shape))
-        med, lo, hi, errors, runs, cpu = s
+        med, lo, hi, errors, runs, cpu, ids = s
+        rel = cpu_rel = None
+        if peer and P.same_rounds(V, P.name("throughput", shape, title, f"ratio to {PEER}"), ids, peer[6], PEER):
+            rel = P.ratio(V, P.name("throughput", shape, title, f"req/s ratio to {PEER}"), med, peer[0])
+            if cpu is not None and peer[5] is not None:
+                cpu_rel = P.ratio(V, P.name("throughput", shape, title, f"CPU ratio to {PEER}"), cpu, peer[5])
         cpu_cell = "-" if cpu is None else f"{cpu:.0f}"
-        cpu_rel = ratio(cpu, peer[5] if peer else None) if cpu is not None else "-"
         out.append(
             f"| {shape_title(shape)} | {title} | {med:.0f} | {lo:.0f}–{hi:.0f} ({runs} runs) "
-            f"| {ratio(med, peer[0] if peer else None)} | {cpu_cell} | {cpu_rel} | {errors or '-'} |"
+            f"| {times(rel)} | {cpu_cell} | {times(cpu_rel)} | {errors or '-'} |"
         )
     out += [
         "",
@@ -357,7 +438,7 @@ def replicas_table(a, out):
     titles = {}
     for mode, row, title, rnd, status, path, hits, prompt, split, proms, peers in rows:
         titles[row] = title
-        r = load(path) if status == "ok" else None
+        r = load(path, P.name("replicas", mode, row, f"round {rnd}")) if status == "ok" else None
         d = {"round": rnd, "status": status, "report": r, "split": split, "proms": [p for p in proms.split(",") if p],
              "peers": peers}
         if r is not None:
@@ -503,7 +584,7 @@ def precise_table(a, out):
     data = {}  # (concurrency, mode) -> {round: figures}
     bad = []
     for conc, mode, rnd, status, path, hits, prompt, split in read_tsv(a.precise, 8):
-        r = load(path) if status == "ok" else None
+        r = load(path, P.name("precise", f"concurrency {conc}", mode, f"round {rnd}")) if status == "ok" else None
         if r is None:
             bad.append(f"concurrency {conc} {mode} round {rnd}: {status}")
             continue
@@ -578,7 +659,7 @@ def affinity_table(a, out):
     data, titles = {}, {}
     for wl, row, title, rnd, status, path, hits, prompt, split, pq, ph, eq, eh in read_tsv(a.affinity, 13):
         titles[row] = title
-        r = load(path) if status == "ok" else None
+        r = load(path, P.name("affinity", wl, row, f"round {rnd}")) if status == "ok" else None
         if r is None:
             data.setdefault((wl, row), {})[rnd] = {"status": status}
             continue
@@ -672,6 +753,8 @@ def main():
     ap.add_argument("--params", required=True)
     ap.add_argument("--ttft-base-ms", type=float, required=True)
     ap.add_argument("--prefill-us", type=float, required=True)
+    ap.add_argument("--cores", type=int, default=os.cpu_count(), help="CPUs the run had (the CPU bound)")
+    ap.add_argument("--clk-tck", type=int, default=os.sysconf("SC_CLK_TCK"), help="clock ticks per second")
     a = ap.parse_args()
 
     out = ["# mmrouter routing benchmark", "", a.params, ""]
@@ -681,12 +764,17 @@ def main():
         precise_table(a, out)
     if a.affinity and read_tsv(a.affinity, 13):
         affinity_table(a, out)
-    if read_tsv(a.overhead, 4):
+    if read_tsv(a.overhead, 6):
         overhead_table(a, out)
-    if a.throughput and read_tsv(a.throughput, 5):
+    if a.throughput and read_tsv(a.throughput, 8):
         throughput_table(a, out)
     if a.replicas and read_tsv(a.replicas, 11):
         replicas_table(a, out)
+    # Every figure has been checked: an implausible one means no report at all, not a report with it.
+    if not V.ok():
+        print("\n".join(V.failures), file=sys.stderr)
+        print(f"report.py: {len(V.failures)} implausible figure(s); no report written", file=sys.stderr)
+        sys.exit(2)
     print("\n".join(out))
 
 

@@ -21,6 +21,11 @@
 #
 # Exit status: 1 when any row could not be measured (a router that did not start, a loadgen run that
 # failed; a peer is excused only with --no-peers), after writing the report; the log names each one.
+# Also 1 when any figure is implausible (bench/plausible.py: router CPU over a run below 0 or above
+# cores × its wall time, a loadgen that sent other than the requests the harness asked for, counts that
+# do not add up, percentiles out of order, differences or ratios between rows of different rounds):
+# then no report is written (the previous results file stays as it was) and the log names each figure
+# as "implausible: SECTION / SHAPE / PATH / RUN / FIGURE = VALUE (BOUND)".
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
 #   --quick     small workload, short runs (about 20 min on 2 cores once built and installed; the
 #               precise, affinity and replicas sections about 4-5 min each)
@@ -36,7 +41,12 @@
 #   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
-#   "eviction_weight = 0").
+#   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
+#   BENCH_CORRUPT=FIGURE (a test of the harness, see bench/test-harness.sh: corrupts the first measurement
+#   of FIGURE through a router where it is recorded, and the run must fail naming it; FIGURE is
+#   router-cpu (+1000 s of router CPU in a throughput run), router-cpu-negative (that reading negated),
+#   requests (an overhead report one request short of what the harness asked for), latency (an overhead
+#   report's p50 above its p99) or round (an overhead report filed under the next round's id)).
 # Output: bench/results/latest.md (also printed); bench/results/partial.md for --only or BENCH_SHAPES.
 set -euo pipefail
 
@@ -56,7 +66,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,40p' "$0"
+      sed -n '2,50p' "$0"
       exit 0
       ;;
     *)
@@ -374,11 +384,18 @@ start_router() {
 
 stop_router() { [[ -z $ROUTER_PID ]] || stop_pids "$ROUTER_PID"; ROUTER_PID=; }
 
-# cpu_ticks PID: Σ utime + stime (clock ticks) of PID and its descendants, from one pass over /proc.
+# cpu_ticks PID: Σ utime + stime + cutime + cstime (clock ticks) of PID and its descendants, from one
+# pass over /proc; prints nothing when PID is gone (no reading rather than a wrong one).
+# A process anywhere on the machine that exits between the glob and its read makes cat fail; that is
+# expected and must not change the sum. (Callers once wrote `cpu_ticks PID || echo 0`: under pipefail
+# cat's failure appended a "0" to the sum awk had already printed, a reading ten times too large, and
+# the run's CPU delta came out hugely positive or negative.) cutime + cstime keep the time of children
+# that exit and are reaped during the interval in the sum.
 cpu_ticks() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '
-    { pid = $1; sub(/^.*\) /, ""); parent[pid] = $2; ticks[pid] = $12 + $13 }
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v root="$1" '
+    { pid = $1; sub(/^.*\) /, ""); parent[pid] = $2; ticks[pid] = $12 + $13 + $14 + $15 }
     END {
+      if (!(root in parent)) exit
       mine[root] = 1
       for (grew = 1; grew;) { grew = 0; for (p in parent) if (!(p in mine) && (parent[p] in mine)) { mine[p] = 1; grew = 1 } }
       for (p in mine) s += ticks[p]
@@ -386,6 +403,57 @@ cpu_ticks() {
     }'
 }
 CLK_TCK=$(getconf CLK_TCK)
+# router_ticks PATH-INDEX: cpu_ticks of the path's router; nothing for direct or a router that is gone.
+router_ticks() { [[ -z ${P_ROUTER[$1]} ]] || cpu_ticks "${P_ROUTER[$1]}"; }
+# run_cpu PATH-INDEX T0 T1: the router's CPU ticks over one run: "-" for direct (no router), "gone"
+# when a reading is missing (the process died), never a substitute value.
+run_cpu() {
+  local cpu
+  if [[ -z ${P_ROUTER[$1]} ]]; then echo -; return; fi
+  if [[ -z $2 || -z $3 ]]; then echo gone; return; fi
+  cpu=$(($3 - $2))
+  if corrupt_now router-cpu; then cpu=$((cpu + 1000 * CLK_TCK)); fi
+  if corrupt_now router-cpu-negative; then cpu=$((-cpu - 1)); fi
+  echo "$cpu"
+}
+
+# BENCH_CORRUPT=FIGURE, a test of the harness (bench/test-harness.sh): the first measurement of FIGURE
+# through a router is corrupted where it is recorded, and the run must fail naming it.
+CORRUPT_FIGURES="router-cpu router-cpu-negative requests latency round"
+if [[ -n ${BENCH_CORRUPT:-} && " $CORRUPT_FIGURES " != *" $BENCH_CORRUPT "* ]]; then
+  echo "BENCH_CORRUPT=$BENCH_CORRUPT: not one of $CORRUPT_FIGURES" >&2
+  exit 2
+fi
+# corrupt_now FIGURE: true once per run, when BENCH_CORRUPT names FIGURE. A marker file, not a
+# variable: callers run in command substitutions, whose variables do not come back.
+corrupt_now() {
+  [[ ${BENCH_CORRUPT:-} == "$1" && ! -e $WORK/corrupted ]] || return 1
+  echo "$1" >"$WORK/corrupted"
+}
+# edit_report FILE STATEMENT: rewrites a loadgen JSON report, STATEMENT changing `r` (harness tests only).
+edit_report() {
+  python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+exec(sys.argv[2])
+json.dump(r, open(sys.argv[1], "w"))' "$1" "$2"
+}
+# corrupt_overhead FILE ROUND: prints the round id to file FILE under, after any corruption of it: the
+# loadgen's count one short (requests), p50 above p99 (latency), or the next round's id (round).
+corrupt_overhead() {
+  local file=$1 round=$2
+  case ${BENCH_CORRUPT:-} in
+    requests | latency | round) corrupt_now "$BENCH_CORRUPT" || { echo "$round"; return; } ;;
+    *) echo "$round"; return ;;
+  esac
+  case $BENCH_CORRUPT in
+    # One request short, the report otherwise self-consistent: only the harness's own count can tell.
+    requests) edit_report "$file" 'r["requests"] -= 1; r["ok"] -= 1; r["latency_ms"]["count"] -= 1
+r["ttfb_ms"]["count"] = min(r["ttfb_ms"]["count"], r["ok"]); r["throughput_rps"] = r["ok"] / r["duration_secs"]' ;;
+    latency) edit_report "$file" 'r["latency_ms"]["p50"] = 2 * r["latency_ms"]["p99"]' ;;
+    round) round=$((round % OVER_ROUNDS + 1)) ;;
+  esac
+  echo "$round"
+}
 
 # ---------------------------------------------------------------------------------------------
 log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
@@ -564,7 +632,7 @@ if section_on overhead; then
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ over_n _ <<<"$sh"
     slice=$((over_n / OVER_ROUNDS))
-    declare -A files=()
+    declare -A files=() rounds=()
     for i in $(live_paths 0); do
       # Warm-up (connections, caches), not measured.
       # shellcheck disable=SC2086
@@ -581,14 +649,16 @@ if section_on overhead; then
         "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency 1 --skip "$skip" \
           --max-requests "$slice" --timeout-secs 30 --label "${P_NAME[$i]}-$shape-$round" --json-out "$out" \
           >/dev/null 2>&1 || fail "overhead ${P_NAME[$i]}-$shape-$round" "loadgen failed"
-        files[$i]+="${files[$i]:+,}$out"
+        filed=$round
+        [[ -z ${P_ROUTER[$i]} ]] || filed=$(corrupt_overhead "$out" "$round")
+        files[$i]+="${files[$i]:+,}$out" rounds[$i]+="${rounds[$i]:+,}$filed"
       done
     done
     for i in $(live_paths 0); do
       [[ ${P_KIND[$i]} == mmrouter:* ]] && { curl -sf --max-time 5 "${P_METRICS[$i]}" >"$WORK/${P_NAME[$i]}-$shape.after.prom" || true; }
-      printf '%s\t%s\tok\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" >>"$OVER"
+      printf '%s\t%s\tok\t%s\t%s\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" "${rounds[$i]}" "$slice" >>"$OVER"
     done
-    unset files
+    unset files rounds
   done
   unavailable_rows "$OVER"
   stop_paths
@@ -603,35 +673,36 @@ if section_on throughput; then
   start_paths "$THRU_SIMS" throughput
   for sh in "${SHAPES[@]}"; do
     IFS='|' read -r shape _ _ n <<<"$sh"
-    declare -A files=() ticks=()
+    declare -A files=() rounds=() cpus=() walls=()
     for i in $(live_paths 0); do
       # shellcheck disable=SC2086
       "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
         --max-requests "$THRU_WARMUP" --timeout-secs 30 --label warmup >/dev/null 2>&1 || true
-      ticks[$i]=0
     done
     for rep in $(seq 1 "$THRU_REPS"); do
       skip=$(first_line "$shape" $((THRU_WARMUP + (rep - 1) * n)))
       for i in $(live_paths "$rep"); do
         out="$WORK/${P_NAME[$i]}-$shape-$rep.json"
-        t0=$([[ -n ${P_ROUTER[$i]} ]] && cpu_ticks "${P_ROUTER[$i]}" || echo 0)
+        # The wall clock brackets both /proc readings, so the CPU between them fits cores × that wall.
+        w0=${EPOCHREALTIME/[.,]/}
+        t0=$(router_ticks "$i")
         # shellcheck disable=SC2086
         "$LOADGEN" loadgen ${P_URLS[$i]} --workload "$WORK/shape-$shape.jsonl" --concurrency "$THRU_CONCURRENCY" \
           --skip "$skip" --max-requests "$n" --timeout-secs 30 --label "${P_NAME[$i]}-$shape-$rep" \
           --json-out "$out" >/dev/null 2>&1 || fail "throughput ${P_NAME[$i]}-$shape-$rep" "loadgen failed"
-        t1=$([[ -n ${P_ROUTER[$i]} ]] && cpu_ticks "${P_ROUTER[$i]}" || echo 0)
-        ticks[$i]=$((ticks[$i] + t1 - t0))
-        files[$i]+="${files[$i]:+,}$out"
+        t1=$(router_ticks "$i")
+        w1=${EPOCHREALTIME/[.,]/}
+        files[$i]+="${files[$i]:+,}$out" rounds[$i]+="${rounds[$i]:+,}$rep"
+        cpus[$i]+="${cpus[$i]:+,}$(run_cpu "$i" "$t0" "$t1")" walls[$i]+="${walls[$i]:+,}$((w1 - w0))"
       done
     done
     for i in $(live_paths 0); do
-      # The router process's CPU time per request sent (its own cost, whatever the cores' sharing).
-      cpu=
-      [[ -n ${P_ROUTER[$i]} ]] && cpu=$(awk -v d="${ticks[$i]}" -v hz="$CLK_TCK" -v n="$((n * THRU_REPS))" \
-        'BEGIN { printf "%.0f", 1e6 * d / hz / n }')
-      printf '%s\t%s\tok\t%s\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" "$cpu" >>"$THRU"
+      # The router's CPU ticks per run ("-" for direct) and the wall µs around each: report.py checks
+      # one against the other and divides the CPU by the loadgen's own request counts.
+      printf '%s\t%s\tok\t%s\t%s\t%s\t%s\t%s\n' "${P_TITLE[$i]}" "$shape" "${files[$i]}" "${rounds[$i]}" \
+        "${cpus[$i]}" "${walls[$i]}" "$n" >>"$THRU"
     done
-    unset files ticks
+    unset files rounds cpus walls
   done
   unavailable_rows "$THRU"
   stop_paths
@@ -649,9 +720,24 @@ closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${EL
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
 [[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
-python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" --precise "$PREC" --affinity "$AFF" --params "$PARAMS" \
-  --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" >"$OUT"
-cat "$OUT"
+OUT=${BENCH_OUT:-$OUT}
+# report.py checks every figure first (bench/plausible.py); with any implausible one it writes nothing
+# and exits 2, its stderr naming each figure, and the previous results file stays as it was.
+if python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" \
+  --precise "$PREC" --affinity "$AFF" --params "$PARAMS" --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" \
+  --cores "$(nproc)" --clk-tck "$CLK_TCK" >"$WORK/report.md" 2>"$WORK/report.err"; then
+  cp "$WORK/report.md" "$OUT"
+  cat "$OUT"
+else
+  cat "$WORK/report.err" >&2
+  before=${#FAILURES[@]}
+  while IFS= read -r line; do fail report "$line"; done < <(grep '^implausible: ' "$WORK/report.err" || true)
+  ((${#FAILURES[@]} > before)) || fail report "report.py failed (see $WORK/report.err)"
+  log "nothing written to $OUT"
+fi
+if [[ -n ${BENCH_CORRUPT:-} && ! -e $WORK/corrupted ]]; then
+  fail "harness test" "BENCH_CORRUPT=$BENCH_CORRUPT corrupted nothing (no such measurement in the sections run)"
+fi
 log "raw results in $WORK"
 if ((${#FAILURES[@]})); then
   log "${#FAILURES[@]} failure(s):"

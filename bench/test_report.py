@@ -1,0 +1,141 @@
+"""report.py on made-up run directories: a plausible run is written, an implausible figure stops it
+(no servers; `python3 -m unittest discover -s bench`)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.py")
+PATHS = (("direct", "direct"), ("mmrouter kv exact", "throughput-mmrouter-kv-true"),
+         ("sglang-router", "throughput-sgl"))
+
+
+def loadgen_report(label, n, secs, conc, lat_ms):
+    lat = {"count": n, "mean": lat_ms, "p50": lat_ms, "p90": lat_ms * 1.2, "p99": lat_ms * 1.5, "max": lat_ms * 2}
+    return {"label": label, "mode": f"closed({conc})", "requests": n, "ok": n, "errors": {},
+            "duration_secs": secs, "throughput_rps": n / secs, "latency_ms": lat, "ttfb_ms": dict(lat)}
+
+
+class Run:
+    """A run directory with the TSVs run.sh writes for the overhead and throughput sections."""
+
+    def __init__(self, tmp):
+        self.dir = tmp
+        self.over, self.thru, self.empty = (os.path.join(tmp, f) for f in ("o.tsv", "t.tsv", "e.tsv"))
+        for f in (self.over, self.thru, self.empty):
+            open(f, "w").close()
+
+    def write_report(self, name, r):
+        path = os.path.join(self.dir, name + ".json")
+        with open(path, "w") as f:
+            json.dump(r, f)
+        return path
+
+    def overhead(self, added_us, rounds=5, n=100, ids=None):
+        """One row per path; each round's mean latency = 160 µs + the path's added µs."""
+        for title, stem in PATHS:
+            stem = stem.replace("throughput", "overhead")
+            files = []
+            for k in range(1, rounds + 1):
+                lat = (160 + added_us[title]) / 1000
+                files.append(self.write_report(f"{stem}-text-{k}", loadgen_report(
+                    f"{stem}-text-{k}", n, n * lat / 1000 * 1.05, 1, lat)))
+            rids = ids.get(title) if ids and title in ids else ",".join(map(str, range(1, rounds + 1)))
+            self.append(self.over, title, "text", "ok", ",".join(files), rids, n)
+
+    def throughput(self, cpu_ticks, rps=2688.0, n=500, runs=5, wall_us=None):
+        """One row per path; cpu_ticks[title] = the router's ticks per run (None for direct)."""
+        for title, stem in PATHS:
+            files, ticks = [], []
+            for k in range(1, runs + 1):
+                files.append(self.write_report(f"{stem}-unique-2000-{k}", loadgen_report(
+                    f"{stem}-unique-2000-{k}", n, n / rps, 16, 4.0)))
+                t = cpu_ticks.get(title)
+                ticks.append("-" if t is None else str(t))
+            wall = wall_us or int(1e6 * n / rps) + 2000
+            self.append(self.thru, title, "unique-2000", "ok", ",".join(files), ",".join(map(str, range(1, runs + 1))),
+                        ",".join(ticks), ",".join([str(wall)] * runs), n)
+
+    @staticmethod
+    def append(path, *cols):
+        with open(path, "a") as f:
+            f.write("\t".join(map(str, cols)) + "\n")
+
+    def report(self):
+        cmd = [sys.executable, REPORT, "--rows", self.empty, "--overhead", self.over, "--throughput", self.thru,
+               "--params", "test", "--ttft-base-ms", "5", "--prefill-us", "20", "--cores", "2", "--clk-tck", "100"]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+
+ADDED = {"direct": 0, "mmrouter kv exact": 200, "sglang-router": 270}
+CPU = {"direct": None, "mmrouter kv exact": 5, "sglang-router": 8}  # ticks per run of ~0.19 s
+
+
+class ReportChecks(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.run = Run(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_plausible_run_is_written(self):
+        self.run.overhead(ADDED)
+        self.run.throughput(CPU)
+        p = self.run.report()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("| text, cache hit (one body repeated) | mmrouter kv exact | 360 | 360 | +200 | 0.74× ", p.stdout)
+        # 5 ticks = 50 ms over 500 requests: 100 µs each; against 160 µs: 0.62×.
+        self.assertIn("| 2688 | 2688–2688 (5 runs) | 1.00× | 100 | 0.62× | - |", p.stdout)
+
+    def test_the_issues_cpu_figure_fails_naming_it(self):
+        # 23 540 µs per request at 2 688 req/s: 1 177 ticks in a 0.19 s run on 2 cores.
+        self.run.throughput({**CPU, "mmrouter kv exact": 1177})
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertEqual(p.stdout, "")
+        self.assertIn("implausible: throughput / unique-2000 / mmrouter kv exact / run 1 / router CPU s = 11.77 "
+                      "(> 0.414823 s = 2 cores × 0.188011 s wall of its interval", p.stderr)
+
+    def test_negative_cpu_fails_and_no_negative_ratio_is_written(self):
+        self.run.throughput({**CPU, "sglang-router": -41})
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("throughput / unique-2000 / sglang-router / run 1 / router CPU s = -0.41", p.stderr)
+        self.assertNotIn("×", p.stdout)
+
+    def test_requests_the_loadgen_did_not_send(self):
+        self.run.throughput(CPU)
+        with open(self.run.thru) as f:
+            lines = f.read().replace("\t500\n", "\t501\n", 1)
+        with open(self.run.thru, "w") as f:
+            f.write(lines)
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("throughput / unique-2000 / direct / round 1 / requests = 500", p.stderr)
+        self.assertIn("asked for 501", p.stderr)
+
+    def test_added_latency_between_different_rounds(self):
+        self.run.overhead(ADDED, ids={"mmrouter kv exact": "2,2,3,4,5"})
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("overhead / text / mmrouter kv exact / round 2 / round id = 2", p.stderr)
+        self.assertIn("overhead / text / mmrouter kv exact / added µs / round ids", p.stderr)
+
+    def test_negative_added_latency(self):
+        self.run.overhead({**ADDED, "mmrouter kv exact": -50})
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("overhead / text / mmrouter kv exact / added µs (mean) = -50", p.stderr)
+
+    def test_loadgen_slower_than_the_harness_wall(self):
+        self.run.throughput(CPU, wall_us=1000)
+        p = self.run.report()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("throughput / unique-2000 / direct / run 1 / duration s", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
