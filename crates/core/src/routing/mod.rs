@@ -75,7 +75,9 @@ pub struct RoutingConfig {
     pub queue_weight: f64,
     /// Weight, relative to `prefill_weight`, of the cached tokens a worker would have to evict to store
     /// the request's new blocks (known only for workers whose KV events show a full cache): what the
-    /// cache's earlier users will recompute. 0 ignores cache room.
+    /// cache's earlier users may recompute. Below 1 because an engine evicts its least recently used
+    /// blocks, which are the least likely to be asked for again (docs/benchmarks.md, "Eviction
+    /// weight"). 0 ignores cache room.
     pub eviction_weight: f64,
     /// 0 = lowest cost wins; > 0 = softmax sampling over normalised costs (higher = more spread).
     pub temperature: f64,
@@ -112,7 +114,7 @@ impl Default for RoutingConfig {
             prefill_weight: 1.0,
             decode_weight: 1.0,
             queue_weight: 0.25,
-            eviction_weight: 1.0,
+            eviction_weight: 0.25,
             temperature: 0.0,
             index_max_blocks: 1_000_000,
             index_worker_share: 0.5,
@@ -772,7 +774,7 @@ mod tests {
         assert_eq!(c.policy, PolicyKind::Kv);
         assert_eq!((c.prefill_weight, c.decode_weight, c.temperature), (1.0, 1.0, 0.0));
         assert_eq!((c.index_max_blocks, c.index_ttl_secs, c.pending_ttl_secs), (1_000_000, 600, 30));
-        assert_eq!((c.queue_weight, c.eviction_weight), (0.25, 1.0));
+        assert_eq!((c.queue_weight, c.eviction_weight), (0.25, 0.25));
         assert_eq!((c.image_encoder_weight, c.image_preprocess_weight), (0.35, 0.25));
         assert_eq!((c.encoder_cache_tokens, c.processor_cache_gb), (16_384, 4.0));
         assert_eq!(c.image_budgets().processor_bytes, 4 << 30);
