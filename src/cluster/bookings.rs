@@ -6,7 +6,7 @@
 //! its replica's heartbeat no longer lists it (a lost end), or its replica has been silent for
 //! `booking_ttl` (it died, or NATS is down: each replica then routes on its own view). Dispatch records
 //! (blocks) and image records (what the exact route sent a worker, for its image-residency model) are
-//! applied as the sender recorded them.
+//! applied as the sender recorded them, and so are the unseen tokens its fallbacks' engines counted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,13 +70,20 @@ pub enum Msg {
         w: String,
         img: Vec<(String, u32)>,
     },
+    /// In `pool`, a fallback's prefix ending at block key `key` held `t` tokens more than its plan.
+    Unseen {
+        r: String,
+        pool: String,
+        key: u64,
+        t: u32,
+    },
 }
 
 impl Msg {
     fn replica(&self) -> &str {
         match self {
             Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
-            Msg::Dispatch { r, .. } | Msg::Images { r, .. } => r,
+            Msg::Dispatch { r, .. } | Msg::Images { r, .. } | Msg::Unseen { r, .. } => r,
         }
     }
 }
@@ -165,6 +172,11 @@ impl Link for PoolLink {
         let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.to_owned());
         self.out.send(Msg::Images { r, pool, w, img });
     }
+
+    fn unseen_learnt(&self, key: u64, tokens: u32) {
+        let (r, pool) = (self.out.replica.clone(), self.pool.clone());
+        self.out.send(Msg::Unseen { r, pool, key, t: tokens });
+    }
 }
 
 /// A pool's router by the pool's name (the pools in force).
@@ -245,6 +257,10 @@ impl Inbox {
             }
             Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(routers, (&pool, &w), src, &b),
             Msg::Images { pool, w, img, .. } => self.images(routers, (&pool, &w), &img),
+            Msg::Unseen { pool, key, t, .. } => match routers(&pool) {
+                Some(router) => router.apply_remote_unseen(key, t),
+                None => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1),
+            },
         }
     }
 
@@ -316,6 +332,7 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mmrouter_core::routing::SelectRequest;
 
     #[test]
     fn messages_are_small_tagged_json() {
@@ -387,6 +404,31 @@ mod tests {
         assert_eq!(router.worker(0).images_held(&probe)[0].encoder, 0.0);
         inbox.apply(&routers, images("not hex"));
         assert_eq!(router.worker(1).images_resident(), 1, "a malformed record changes nothing");
+    }
+
+    #[test]
+    fn unseen_records_reach_the_router_and_a_linked_router_shares_what_it_learns() {
+        let (router, observe) = (router(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe);
+        inbox.apply(&routers, Msg::Unseen { r: "o".into(), pool: "p".into(), key: 3, t: 16_000 });
+        inbox.apply(&routers, Msg::Unseen { r: "o".into(), pool: "elsewhere".into(), key: 4, t: 9 });
+        let blocks = [1, 2, 3, 4];
+        let req = SelectRequest {
+            blocks: &blocks,
+            block_size: 16,
+            prompt_tokens: 64,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: true,
+        };
+        assert_eq!(router.select(&req).expect("healthy").unseen.total, 16_000);
+
+        let (out, mut rx) = Outbox::new("me".into(), Arc::new(Observer::new()));
+        router.set_link(out.link("p"));
+        router.learn_unseen(9, 1200);
+        let sent = rx.try_recv().expect("shared");
+        assert_eq!(sent, Msg::Unseen { r: "me".into(), pool: "p".into(), key: 9, t: 1200 });
     }
 
     #[test]

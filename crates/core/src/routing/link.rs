@@ -9,7 +9,9 @@
 //!   `Worker::release_remote`); selection weighs local + remote in-flight load, so replicas that
 //!   choose a millisecond apart see each other's choice once the message lands. Their dispatch
 //!   records enter the index as they would here ([`super::Router::apply_remote_dispatch`]), and the
-//!   images they sent enter the workers' image-residency models ([`super::Router::apply_remote_images`]).
+//!   images they sent enter the workers' image-residency models ([`super::Router::apply_remote_images`]),
+//!   and what their engines counted in fallback prefixes the unseen-token map
+//!   ([`super::Router::apply_remote_unseen`]).
 
 use super::index::Source;
 use super::load::Load;
@@ -30,5 +32,10 @@ pub trait Link: Send + Sync {
     /// The exact route sent `images` to `worker` (its engine now likely caches them).
     fn images_sent(&self, worker: &str, images: &[ImageUse]) {
         let _ = (worker, images);
+    }
+    /// A fallback's prefix ending at block `key` held `tokens` more than its plan counted (see
+    /// `unseen`): a conversation's next turn may reach another replica.
+    fn unseen_learnt(&self, key: u64, tokens: u32) {
+        let _ = (key, tokens);
     }
 }

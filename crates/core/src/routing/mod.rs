@@ -629,6 +629,17 @@ impl Router {
     pub fn learn_unseen(&self, key: u64, tokens: u32) {
         if tokens > 0 {
             self.unseen.learn(key, tokens);
+            if let Some(link) = self.link.read().as_ref() {
+                link.unseen_learnt(key, tokens);
+            }
+        }
+    }
+
+    /// Another replica learnt a fallback prefix's unseen tokens ([`Link::unseen_learnt`]); not passed
+    /// on again.
+    pub fn apply_remote_unseen(&self, key: u64, tokens: u32) {
+        if tokens > 0 {
+            self.unseen.learn(key, tokens);
         }
     }
 
