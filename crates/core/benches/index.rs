@@ -361,6 +361,28 @@ fn scale_select(c: &mut Criterion) {
     };
     c.bench_function("scale_kv_select_1024w_10m_miss", |b| b.iter(|| black_box(router.select(black_box(&miss)))));
     println!("scale: kv select {}", percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()]))));
+    select_during_ingestion(&router, &reqs);
+}
+
+/// `kv` select while another thread applies 4096-block event batches as fast as it can (new prompts on
+/// rotating workers): what a request waits for the index while the workers' feeds are busy.
+fn select_during_ingestion(router: &Router, reqs: &[SelectRequest<'_>]) {
+    let stop = AtomicBool::new(false);
+    let stored = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                router.store_events((n % SCALE_WORKERS as u64) as usize, &chain(n << 44, n, 4096));
+            }
+            n * 4096
+        });
+        let line = percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()])));
+        stop.store(true, Ordering::Relaxed);
+        println!("scale: kv select while another thread ingests 4096-block batches: {line}");
+        writer.join().expect("writer")
+    });
+    println!("scale: (the writer stored {stored} blocks meanwhile)");
 }
 
 criterion_group!(benches, index, select);
