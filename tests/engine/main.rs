@@ -197,6 +197,44 @@ async fn a_fallback_reaches_the_engine_byte_for_byte(a_url: &str) {
     let page = metrics(&r).await;
     assert_eq!(metric(&page, "mmrouter_mm_fallback_total", "reason=\"too_many_images\""), 1.0, "{page}");
     eprintln!("fallback: {} body bytes reached the engine unchanged", body.len());
+    the_next_turn_weighs_the_images_as_the_engine_counted_them(&r).await;
+}
+
+/// The conversation's next turn: the router learnt from the engine's `usage` how many tokens the
+/// unaccounted images took, and its prediction of what the engine holds (overlapping blocks + those
+/// tokens) is what the engine then reuses, to within one block.
+async fn the_next_turn_weighs_the_images_as_the_engine_counted_them(r: &str) {
+    // Two images (over the router's media.max_images), then enough text that the last placeholder lies
+    // in a whole block: the router learns only against keys that cover every image's place.
+    let question: String = (0..40).map(|i| format!("detail {i};")).collect::<Vec<_>>().join(" ");
+    let turn1 = corpus::body(
+        "qwen2.5-vl",
+        serde_json::json!([{ "role": "user", "content": [
+            { "type": "image_url", "image_url": { "url": corpus::image("rocket.jpg") } },
+            { "type": "text", "text": format!("Case {}: compare with", corpus::nonce()) },
+            { "type": "image_url", "image_url": { "url": corpus::image("grace_hopper.jpg") } },
+            { "type": "text", "text": question }]}]),
+        &[],
+    );
+    let planned1 = debug(r, &turn1).await["prompt_tokens"].as_u64().unwrap();
+    let answer = chat(r, &turn1).await;
+    assert_eq!(answer.route.as_deref(), Some("text_prefix"));
+    let mut v: Value = serde_json::from_slice(&turn1).unwrap();
+    let messages = v["messages"].as_array_mut().unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": "Two pictures."}));
+    messages.push(serde_json::json!({"role": "user", "content": "Which one has more red in it?"}));
+    let turn2 = serde_json::to_vec(&v).unwrap();
+    let plan = debug(r, &turn2).await;
+    assert_eq!(plan["route"], "text_prefix");
+    let unseen = answer.prompt_tokens() - planned1;
+    assert_eq!(plan["unseen_tokens"]["total"].as_u64(), Some(unseen), "{plan}");
+    let a = index_of(&plan, "a");
+    let bs = plan["block_size"].as_u64().unwrap();
+    let blocks = plan["overlap_blocks"][a].as_u64().unwrap();
+    let held = blocks * bs + plan["unseen_tokens"]["per_worker"][a].as_u64().unwrap();
+    let cached = chat(r, &turn2).await.cached_tokens();
+    assert!(held.abs_diff(cached) < bs, "the router predicted {held} tokens held, the engine reused {cached}");
+    eprintln!("fallback, next turn: {unseen} unseen tokens learnt; predicted {held} held, the engine reused {cached}");
 }
 
 /// Engine B's cache holds 160 blocks; long unique chats sent to it directly make it evict. Before each
