@@ -419,6 +419,15 @@ async fn an_unrenderable_text_chat_is_counted_and_routed_by_load() {
     assert_eq!(metric(&metrics_text(&c.url).await, "mmrouter_prompt_unrendered_total", series), after);
 }
 
+/// `turn`'s conversation with an answer and one more question.
+fn next_turn(turn: &[u8]) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(turn).unwrap();
+    let messages = v["messages"].as_array_mut().unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": "A flat grey surface, nothing else."}));
+    messages.push(serde_json::json!({"role": "user", "content": "Are you sure? Look at the corners again."}));
+    serde_json::to_vec(&v).unwrap()
+}
+
 /// A conversation whose image the router cannot account (here: over its pixel limit, which the worker
 /// serves) keeps its worker on the next turn: the text-prefix plan's affinity tail matches the turn it
 /// sent before, so the worker's cache of the image is reused, and the request still falls back.
@@ -427,11 +436,7 @@ async fn a_conversation_that_falls_back_keeps_its_worker() {
     let c = cluster_with(sims(4, fast).await, "[media]\nmax_pixels = 1000000").await;
     let large = png_data_url(1200, 1000, 41);
     let turn1 = chat_body(std::slice::from_ref(&large), "What is in this picture?", false);
-    let mut v: serde_json::Value = serde_json::from_slice(&turn1).unwrap();
-    let messages = v["messages"].as_array_mut().unwrap();
-    messages.push(serde_json::json!({"role": "assistant", "content": "A flat grey surface, nothing else."}));
-    messages.push(serde_json::json!({"role": "user", "content": "Are you sure? Look at the corners again."}));
-    let turn2 = serde_json::to_vec(&v).unwrap();
+    let turn2 = next_turn(&turn1);
 
     let (route1, w1, _) = chat(&c.url, &turn1).await;
     assert_eq!(route1, "text_prefix");
@@ -466,11 +471,7 @@ async fn a_fallback_turn_weighs_its_prefix_as_the_engine_counted_it() {
     let c = cluster_with(sims(2, fast).await, "[media]\nmax_pixels = 1000000").await;
     let large = png_data_url(1200, 1000, 43);
     let turn1 = chat_body(std::slice::from_ref(&large), "What is in this picture?", false);
-    let mut v: serde_json::Value = serde_json::from_slice(&turn1).unwrap();
-    let messages = v["messages"].as_array_mut().unwrap();
-    messages.push(serde_json::json!({"role": "assistant", "content": "A flat grey surface, nothing else."}));
-    messages.push(serde_json::json!({"role": "user", "content": "Are you sure? Look at the corners again."}));
-    let turn2 = serde_json::to_vec(&v).unwrap();
+    let turn2 = next_turn(&turn1);
 
     let planned1 = debug_route(&c.url, "", &turn1, None).await["prompt_tokens"].as_u64().unwrap();
     let (route1, w1, v1) = chat(&c.url, &turn1).await;

@@ -291,25 +291,34 @@ fn probes_during_ingestion(idx: &BlockIndex, probes: &[Vec<u64>]) {
     }
     let full = |o: &Vec<u32>| o.iter().filter(|&&b| b == 256).count() >= 4;
     assert!(probes.iter().all(|p| full(&idx.probe(p, SCALE_WORKERS))));
+    let mut all_full = true;
+    let line = while_ingesting(
+        |w, keys| _ = idx.store_events(w, keys),
+        || percentiles(20_000, |i| all_full &= full(&black_box(idx.probe(&probes[i % probes.len()], SCALE_WORKERS)))),
+    );
+    assert!(all_full, "the writer evicted a probed prompt");
+    println!("scale: probe hit while another thread ingests 4096-block batches: {line}");
+}
+
+/// Runs `measure` while another thread stores 4096-block event batches (new prompts on rotating
+/// workers) through `store` as fast as it can; prints how many it stored meanwhile.
+fn while_ingesting<T>(store: impl Fn(usize, &[u64]) + Sync, measure: impl FnOnce() -> T) -> T {
     let stop = AtomicBool::new(false);
-    let stored = std::thread::scope(|s| {
+    let (out, stored) = std::thread::scope(|s| {
         let writer = s.spawn(|| {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                idx.store_events((n % SCALE_WORKERS as u64) as usize, &chain(n << 44, n, 4096));
+                store((n % SCALE_WORKERS as u64) as usize, &chain(n << 44, n, 4096));
             }
             n * 4096
         });
-        let mut all_full = true;
-        let line =
-            percentiles(20_000, |i| all_full &= full(&black_box(idx.probe(&probes[i % probes.len()], SCALE_WORKERS))));
+        let out = measure();
         stop.store(true, Ordering::Relaxed);
-        assert!(all_full, "the writer evicted a probed prompt");
-        println!("scale: probe hit while another thread ingests 4096-block batches: {line}");
-        writer.join().expect("writer")
+        (out, writer.join().expect("writer"))
     });
     println!("scale: (the writer stored {stored} blocks meanwhile)");
+    out
 }
 
 /// `remove_worker` (a worker restart): scans the slab [`SCAN_CHUNK`] slots per lock hold.
@@ -367,22 +376,11 @@ fn scale_select(c: &mut Criterion) {
 /// `kv` select while another thread applies 4096-block event batches as fast as it can (new prompts on
 /// rotating workers): what a request waits for the index while the workers' feeds are busy.
 fn select_during_ingestion(router: &Router, reqs: &[SelectRequest<'_>]) {
-    let stop = AtomicBool::new(false);
-    let stored = std::thread::scope(|s| {
-        let writer = s.spawn(|| {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                router.store_events((n % SCALE_WORKERS as u64) as usize, &chain(n << 44, n, 4096));
-            }
-            n * 4096
-        });
-        let line = percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()])));
-        stop.store(true, Ordering::Relaxed);
-        println!("scale: kv select while another thread ingests 4096-block batches: {line}");
-        writer.join().expect("writer")
-    });
-    println!("scale: (the writer stored {stored} blocks meanwhile)");
+    let line = while_ingesting(
+        |w, keys| router.store_events(w, keys),
+        || percentiles(20_000, |i| _ = black_box(router.select(&reqs[i % reqs.len()]))),
+    );
+    println!("scale: kv select while another thread ingests 4096-block batches: {line}");
 }
 
 criterion_group!(benches, index, select);
