@@ -12,6 +12,8 @@
 #   cluster  3 replicas + [cluster]: the same three sharing in-flight state over a real nats-server
 #            (started on 127.0.0.1 for the row, stopped after it)
 #   sgl      3 sglang-router replicas (cache_aware, run.sh's sgl arguments); n/a with --no-peers
+#   shadow   a control, only when REPL_ROWS_ONLY names it: 3 lone replicas, every request to the first
+#            (1 router's routing, 3 routers' event ingestion on the same cores)
 # REPL_ROUNDS rounds: every row of both modes once per round, in an order rotated each round, so rows
 # measured seconds apart are compared; each ratio is the median over the rounds of that round's
 # row / that round's `1 router` row of the same mode.
@@ -23,6 +25,7 @@ REPL_ROWS=(
   "lone|3 lone replicas"
   "cluster|3 replicas + [cluster]"
   "sgl|3 sglang-router replicas"
+  "shadow|1 router + 2 idle replicas"
 )
 read -r -a REPL_MODES <<<"${REPL_MODES_ONLY:-approximate precise}"
 REPL_N=3 # replicas in the multi-replica rows
@@ -131,6 +134,8 @@ repl_row() {
     stop_sims
     return 0
   fi
+  # The control row routes everything through the first replica; the others only follow the feeds.
+  [[ $row == shadow ]] && urls=("${urls[@]:0:2}")
   # A warm cluster: every replica has heard the others' heartbeats before the load starts.
   [[ $row == cluster ]] && peers=$(wait_peers $((n - 1)) "${metrics[@]}")
   "$LOADGEN" loadgen "${urls[@]}" --workload "$WORK/replicas-workload.jsonl" --concurrency "$REPL_CONCURRENCY" \
@@ -169,6 +174,7 @@ replicas_section() {
         i=$(((k + round - 1) % nrows))
         IFS='|' read -r row title <<<"${REPL_ROWS[$i]}"
         [[ -z ${REPL_ROWS_ONLY:-} || ",$REPL_ROWS_ONLY," == *",$row,"* ]] || continue
+        [[ $row != shadow || ",${REPL_ROWS_ONLY:-}," == *",shadow,"* ]] || continue
         repl_row "$mode" "$round" "$row" "$title"
       done
     done

@@ -39,7 +39,7 @@
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
 #   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB and AFF_ENC_TOKENS (the
 #   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens), REPL_ROUNDS (rounds of the replicas section),
-#   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl), REPL_MODES_ONLY (its modes: "approximate
+#   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
 #   BENCH_CORRUPT=FIGURE (a test of the harness, see bench/test-harness.sh: corrupts the first measurement
