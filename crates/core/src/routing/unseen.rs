@@ -8,7 +8,8 @@
 //!
 //! Nothing of any image is kept: no identity, no per-image count, only "the prefix ending at this
 //! key held this many more tokens than its unexpanded text" (the mission's fallback rule). A worker
-//! that misreports its usage skews only the weight of its own fallback prefixes.
+//! (or a peer replica) that misreports skews only the weight of the prefixes it reports on, and by at
+//! most [`MAX_UNSEEN`] tokens.
 //!
 //! Bounded: two generations of at most `capacity / 2` keys each; when the current one fills, the older
 //! is dropped (an approximate LRU at a map lookup per access).
@@ -19,6 +20,10 @@ use parking_lot::Mutex;
 
 /// Learnt prefixes kept by default (about 1.5 MiB at most).
 pub const DEFAULT_CAPACITY: usize = 65_536;
+
+/// Most unseen tokens one prefix is credited with: more than any model's context, so only a
+/// misreported usage is cut.
+pub const MAX_UNSEEN: u32 = 1 << 20;
 
 pub struct UnseenTokens {
     half: usize,
@@ -40,7 +45,7 @@ impl UnseenTokens {
     pub fn learn(&self, key: u64, tokens: u32) {
         let mut g = self.gens.lock();
         g.previous.remove(&key);
-        self.insert(&mut g, key, tokens);
+        self.insert(&mut g, key, tokens.min(MAX_UNSEEN));
     }
 
     fn insert(&self, g: &mut Generations, key: u64, tokens: u32) {
@@ -111,6 +116,8 @@ mod tests {
         u.learn(7, 2500);
         assert_eq!(u.along(&[1, 2, 3, 4, 5, 6, 7, 8]), vec![(2, 1000), (6, 2500)]);
         assert!(u.along(&[9, 10]).is_empty());
+        u.learn(9, u32::MAX); // a misreported usage
+        assert_eq!(u.along(&[9]), vec![(0, MAX_UNSEEN)]);
     }
 
     #[test]
