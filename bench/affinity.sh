@@ -23,14 +23,18 @@ AFF_ROWS=(
 # fit in the pool's: AFF_PROC_GB of processed pixels (1 GiB: about 57 000 encoder tokens) and
 # AFF_ENC_TOKENS encoder tokens per worker, against AFF_IMAGES camera photos of 1–12 MP (about
 # 1 000–12 000 tokens each, some 120 000 in all); the router models the same caches, its weights the
-# sims' image costs (5 and 10 µs per token) against their prefill (20 µs).
+# sims' image costs (AFF_PREPROCESS_US, default 5, and 10 µs per token) against their prefill (20 µs).
+# bench/preprocess-cost.py measures the first on this machine's CPU (HF Qwen-VL processor, one thread:
+# 7–8 µs per token for sub-megapixel photos, ~19 µs for a 3 MP one).
+AFF_PREPROCESS_US=${AFF_PREPROCESS_US:-5}
 aff_sim_args() {
   SIM_EXTRA_ARGS=(--mm-processor-cache-gb "$AFF_PROC_GB" --encoder-cache-tokens "$AFF_ENC_TOKENS"
-    --image-preprocess-us-per-token 5 --image-encode-us-per-token 10)
+    --image-preprocess-us-per-token "$AFF_PREPROCESS_US" --image-encode-us-per-token 10)
 }
 # aff_routing ROW: its [routing] lines (no credit for noaff).
 aff_routing() {
-  local pre=0.25 enc=0.5
+  local pre enc=0.5
+  pre=$(awk -v p="$AFF_PREPROCESS_US" -v f="$PREFILL_US" 'BEGIN { printf "%g", p / f }')
   [[ $1 == noaff ]] && pre=0 enc=0
   printf 'processor_cache_gb = %s\nencoder_cache_tokens = %s\nimage_preprocess_weight = %s\nimage_encoder_weight = %s' \
     "$AFF_PROC_GB" "$AFF_ENC_TOKENS" "$pre" "$enc"

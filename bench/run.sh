@@ -37,8 +37,8 @@
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
-#   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB and AFF_ENC_TOKENS (the
-#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens), REPL_ROUNDS (rounds of the replicas section),
+#   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB, AFF_ENC_TOKENS and AFF_PREPROCESS_US (the
+#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 5; the router's weight follows it), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
