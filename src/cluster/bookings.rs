@@ -257,10 +257,11 @@ impl Inbox {
             }
             Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(routers, (&pool, &w), src, &b),
             Msg::Images { pool, w, img, .. } => self.images(routers, (&pool, &w), &img),
-            Msg::Unseen { pool, key, t, .. } => match routers(&pool) {
-                Some(router) => router.apply_remote_unseen(key, t),
-                None => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1),
-            },
+            Msg::Unseen { pool, key, t, .. } => {
+                if let Some(router) = self.router(routers, &pool) {
+                    router.apply_remote_unseen(key, t);
+                }
+            }
         }
     }
 
@@ -273,13 +274,9 @@ impl Inbox {
         let Some(images) = parsed else {
             return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1);
         };
-        let Some(router) = routers(pool) else {
-            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
-        };
-        let Some(id) = router.find(w) else {
-            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
-        };
-        router.apply_remote_images(id, &images);
+        if let Some((router, id)) = self.worker_id(routers, pool, w) {
+            router.apply_remote_images(id, &images);
+        }
     }
 
     fn dispatch(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), src: u8, blocks: &[u64]) {
@@ -288,21 +285,33 @@ impl Inbox {
             2 => Source::Approximate,
             _ => return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
         };
-        let Some(router) = routers(pool) else {
-            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
-        };
+        if let Some((router, id)) = self.worker_id(routers, pool, w) {
+            router.apply_remote_dispatch(id, blocks, source);
+            self.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "applied"), 1);
+        }
+    }
+
+    /// `pool`'s router, or none (counted as dropped).
+    fn router(&self, routers: &RouterOf<'_>, pool: &str) -> Option<Arc<Router>> {
+        let router = routers(pool);
+        if router.is_none() {
+            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
+        }
+        router
+    }
+
+    /// `pool`'s router and the id of its worker named `w`, or none (counted as dropped).
+    fn worker_id(&self, routers: &RouterOf<'_>, pool: &str, w: &str) -> Option<(Arc<Router>, usize)> {
+        let router = self.router(routers, pool)?;
         let Some(id) = router.find(w) else {
-            return self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
+            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);
+            return None;
         };
-        router.apply_remote_dispatch(id, blocks, source);
-        self.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "applied"), 1);
+        Some((router, id))
     }
 
     fn worker(&self, routers: &RouterOf<'_>, pool: &str, w: &str) -> Option<Arc<Worker>> {
-        let Some(router) = routers(pool) else {
-            self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_pool"), 1);
-            return None;
-        };
+        let router = self.router(routers, pool)?;
         let found = router.lookup(w).map(|(_, w)| w);
         if found.is_none() {
             self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "unknown_worker"), 1);

@@ -51,7 +51,7 @@ impl Kv {
         let bs = u64::from(c.req.block_size);
         let overlap = u64::from(c.overlap_blocks.get(worker).copied().unwrap_or(0));
         // What engines counted beyond the plan's tokens (a fallback's images), and of it what is held.
-        let unseen = u64::from(c.unseen.total.saturating_sub(c.unseen.worker(worker)));
+        let unseen = u64::from(c.unseen.outside(worker));
         let uncached = u64::from(c.req.prompt_tokens).saturating_sub(overlap.saturating_mul(bs)) + unseen;
         let load = c.inflight.get(worker).copied().unwrap_or_default();
         let evicted = match c.room.get(worker).copied().flatten() {

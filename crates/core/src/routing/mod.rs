@@ -267,8 +267,7 @@ impl Decision {
     /// seen to count beyond them, less what the worker holds.
     pub fn prefill_tokens(&self, worker: usize, prompt_tokens: u32, block_size: u32) -> u32 {
         let held = self.overlap_tokens(worker, block_size).min(prompt_tokens);
-        let unseen = self.unseen.total.saturating_sub(self.unseen.worker(worker));
-        (prompt_tokens - held).saturating_add(unseen)
+        (prompt_tokens - held).saturating_add(self.unseen.outside(worker))
     }
 }
 

@@ -103,6 +103,11 @@ impl Unseen {
     pub fn worker(&self, w: usize) -> u32 {
         self.per_worker.get(w).copied().unwrap_or(0)
     }
+
+    /// Of the prompt's unseen tokens, those `w` does not hold: its prefill if sent there.
+    pub fn outside(&self, w: usize) -> u32 {
+        self.total.saturating_sub(self.worker(w))
+    }
 }
 
 #[cfg(test)]
