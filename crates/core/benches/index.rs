@@ -94,6 +94,34 @@ fn index(c: &mut Criterion) {
     });
 }
 
+/// The router's default budget (1 M keys: a 16 MiB table and 32 MiB of nodes, far beyond the CPU's
+/// caches, so every lookup misses), full, and a 500-block prompt of new keys recorded per iteration:
+/// what a unique ~8 000-token prompt costs the router in approximate mode.
+fn record_at_default_budget(c: &mut Criterion) {
+    const BUDGET: usize = 1_000_000;
+    let idx = BlockIndex::new(BUDGET, 600, 30);
+    for seed in 0..(BUDGET as u64 / PROMPT_BLOCKS) {
+        idx.record((seed % WORKERS as u64) as usize, &prompt(1 << 32 | seed), Source::Approximate);
+    }
+    assert_eq!(idx.len(), BUDGET);
+    let mut seed = 1u64 << 33;
+    let mut group = c.benchmark_group("index_1m_record_500_blocks_new_evicting");
+    group.throughput(Throughput::Elements(500));
+    group.bench_function("approximate", |b| {
+        b.iter_batched(
+            || {
+                seed += 1;
+                let keys: Vec<u64> =
+                    (0..500u64).map(|i| (seed * 1000 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+                (keys, (seed % WORKERS as u64) as usize)
+            },
+            |(keys, w)| idx.record(w, &keys, Source::Approximate),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
 fn select(c: &mut Criterion) {
     let router =
         Router::new(RoutingConfig { index_max_blocks: INDEX_BLOCKS, ..RoutingConfig::default() }, specs(WORKERS))
@@ -383,6 +411,6 @@ fn select_during_ingestion(router: &Router, reqs: &[SelectRequest<'_>]) {
     println!("scale: kv select while another thread ingests 4096-block batches: {line}");
 }
 
-criterion_group!(benches, index, select);
+criterion_group!(benches, index, record_at_default_budget, select);
 criterion_group!(scale, scale_index, scale_select);
 criterion_main!(benches, scale);

@@ -295,6 +295,7 @@ impl BlockIndex {
         let mut refused = 0;
         for chunk in keys.rchunks(WRITE_CHUNK) {
             let mut store = self.lock();
+            std::hint::black_box(store.warm(chunk));
             for &key in chunk.iter().rev() {
                 refused += usize::from(!store.write(op, key, worker, now));
             }

@@ -615,3 +615,61 @@ fn an_exported_index_grafts_into_another_with_sources_and_ages_kept() {
     assert_eq!(copy.probe_at(&[7], 4, Instant::now())[3], 1);
     assert_eq!(copy.probe_at(&[7], 4, Instant::now() + Duration::from_secs(2))[3], 0);
 }
+
+/// The budget's eviction evicts exactly the least recently written keys, one per new key: checked
+/// against a plain LRU list under a tight budget, with writes that refresh keys near the tail and add
+/// new ones in the same chunk (the write's lookups are made ahead of it, `Store::warm`; an attempt to
+/// batch the evictions there too must keep this). No entry expires here (the clock does not move), so
+/// the LRU alone decides.
+mod exact_lru {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    /// Keys, most recently written first, each with the workers holding it.
+    #[derive(Default)]
+    struct Lru(Vec<(u64, BTreeSet<usize>)>);
+
+    impl Lru {
+        fn put(&mut self, budget: usize, worker: usize, keys: &[u64]) {
+            for &key in keys.iter().rev() {
+                let mut holders = match self.0.iter().position(|(k, _)| *k == key) {
+                    Some(i) => self.0.remove(i).1,
+                    None => {
+                        if self.0.len() >= budget {
+                            self.0.pop();
+                        }
+                        BTreeSet::new()
+                    }
+                };
+                holders.insert(worker);
+                self.0.insert(0, (key, holders));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn eviction_follows_a_plain_lru_list(
+            budget in 1usize..40,
+            writes in proptest::collection::vec((0usize..3, 0u64..60, 1usize..30), 1..40),
+        ) {
+            let idx = index(budget);
+            let mut lru = Lru::default();
+            let now = Instant::now();
+            for (worker, start, len) in writes {
+                // Distinct keys (a prompt's chain never repeats one).
+                let ks: Vec<u64> = (start..start + len as u64).collect();
+                idx.record_at(worker, &ks, Approximate, now);
+                lru.put(budget, worker, &ks);
+                prop_assert_eq!(idx.len(), lru.0.len());
+                for (key, holders) in &lru.0 {
+                    let held = idx.probe_at(&[*key], 3, now);
+                    let want: Vec<u32> = (0..3).map(|w| u32::from(holders.contains(&w))).collect();
+                    prop_assert_eq!(held, want, "key {}", key);
+                }
+            }
+        }
+    }
+}
