@@ -50,6 +50,7 @@ mod bytelevel;
 mod hash;
 mod load;
 mod normalize;
+mod par;
 mod pretok;
 mod tekken;
 mod unicode;
@@ -98,6 +99,8 @@ pub struct FastTokenizer {
     other_tokens: HashMap<String, u32>,
     nfc: bool,
     max_digits: usize,
+    /// Long texts are cut into parts encoded in parallel when the process is otherwise idle.
+    parallel: bool,
 }
 
 impl fmt::Debug for FastTokenizer {
@@ -105,6 +108,7 @@ impl fmt::Debug for FastTokenizer {
         f.debug_struct("FastTokenizer")
             .field("nfc", &self.nfc)
             .field("max_digits", &self.max_digits)
+            .field("parallel", &self.parallel)
             .field("merges", &self.bpe.n_merges())
             .field("added_tokens", &self.added_ids.len())
             .finish_non_exhaustive()
@@ -128,7 +132,16 @@ impl FastTokenizer {
             other_tokens: cfg.other_tokens,
             nfc: cfg.nfc,
             max_digits: cfg.max_digits,
+            parallel: false,
         })
+    }
+
+    /// Lets [`FastTokenizer::encode_into`] cut a long text (16 KiB and more between added tokens) into
+    /// parts encoded on rayon's pool while no other encode runs in the process: same ids, lower latency
+    /// on an idle machine (see `src/par.rs`). Off by default: one thread per encode.
+    pub fn with_parallel_parts(mut self, on: bool) -> FastTokenizer {
+        self.parallel = on;
+        self
     }
 
     /// Encodes `text`; same ids as `tokenizers`' `encode_fast(text, false)`.
@@ -138,24 +151,70 @@ impl FastTokenizer {
         out
     }
 
-    /// Encodes `text`, appending the ids to `out` (which is not cleared).
+    /// Encodes `text`, appending the ids to `out` (which is not cleared). With
+    /// [`FastTokenizer::with_parallel_parts`], a long text encoded while no other encode runs in the
+    /// process is cut into parts encoded in parallel (same ids).
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
+        if !self.parallel {
+            return self.encode_with(text, out, false);
+        }
+        let running = par::Running::start();
+        self.encode_with(text, out, running.alone());
+    }
+
+    /// [`FastTokenizer::encode`], cutting every long text between added tokens into parts encoded in
+    /// parallel, as a lone encode does (for tests and benchmarks of that path: the same ids).
+    pub fn encode_split(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 4);
+        self.encode_with(text, &mut out, true);
+        out
+    }
+
+    /// Where [`FastTokenizer::encode_split`] first cuts `text`, if it contains no added token (so
+    /// tests can show that the parallel path ran).
+    #[doc(hidden)]
+    pub fn first_cut(text: &str) -> Option<usize> {
+        par::cuttable(text.len()).then(|| par::cut_near(text.as_bytes(), text.len() / 2, text.len() / 4)).flatten()
+    }
+
+    fn encode_with(&self, text: &str, out: &mut Vec<u32>, split: bool) {
         if self.added.is_empty() {
-            self.encode_segment(text, out);
+            self.encode_segment(text, out, split);
             return;
         }
         let b = text.as_bytes();
         let mut start = 0;
         while let Some((s, e, id)) = self.added.find(b, start) {
-            self.encode_segment(&text[start..s], out);
+            self.encode_segment(&text[start..s], out, split);
             out.push(id);
             start = e;
         }
-        self.encode_segment(&text[start..], out);
+        self.encode_segment(&text[start..], out, split);
     }
 
-    /// Text between added tokens: normalize, pre-tokenize, BPE.
-    fn encode_segment(&self, seg: &str, out: &mut Vec<u32>) {
+    /// Text between added tokens; a long one cut into parts when `split` (see `src/par.rs`).
+    fn encode_segment(&self, seg: &str, out: &mut Vec<u32>, split: bool) {
+        if split && par::cuttable(seg.len()) {
+            // One level per doubling of rayon's threads: two parts on two cores.
+            self.encode_parts(seg, out, rayon::current_num_threads().ilog2());
+        } else {
+            self.encode_whole(seg, out);
+        }
+    }
+
+    /// `seg` cut in two and the halves encoded in parallel while `depth` > 0 and a safe cut is found.
+    fn encode_parts(&self, seg: &str, out: &mut Vec<u32>, depth: u32) {
+        let Some(cut) = Self::first_cut(seg).filter(|_| depth > 0) else {
+            return self.encode_whole(seg, out);
+        };
+        let (head, tail) = seg.split_at(cut);
+        let mut tail_ids = Vec::with_capacity(tail.len() / 3 + 4);
+        rayon::join(|| self.encode_parts(head, out, depth - 1), || self.encode_parts(tail, &mut tail_ids, depth - 1));
+        out.extend_from_slice(&tail_ids);
+    }
+
+    /// Text between added tokens, on this thread: normalize, pre-tokenize, BPE.
+    fn encode_whole(&self, seg: &str, out: &mut Vec<u32>) {
         if seg.is_empty() {
             return;
         }

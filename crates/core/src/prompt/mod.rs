@@ -725,7 +725,8 @@ fn json_without(json: Vec<u8>, drop: &[&str]) -> Result<Vec<u8>, String> {
 /// it does not reproduce that configuration exactly (then `tokenizers` encodes everything).
 fn fast_tokenizer(json: &[u8]) -> Option<FastTokenizer> {
     match FastTokenizer::from_json(json) {
-        Ok(fast) => Some(fast),
+        // An idle router cuts a long prompt's text into parts tokenized on the spare cores.
+        Ok(fast) => Some(fast.with_parallel_parts(true)),
         Err(why) => {
             tracing::debug!(reason = why.reason(), "tokenizer not supported by mmrouter-tokenize; using tokenizers");
             None

@@ -82,6 +82,24 @@ fn realistic_corpus() {
 }
 
 /// Text files found on the machine (licenses, package docs, Python sources), when present.
+/// Long documents cut into parts encoded in parallel (what an idle router does with a long prompt):
+/// the same ids as `tokenizers` on the whole text. Every document is long enough to be cut.
+#[test]
+fn long_texts_encoded_in_parts() {
+    let b = both();
+    let total = (budget_mb() * 0.5e6) as usize;
+    for (seed, mix) in [(0x5117, Mix::Realistic), (0x5118, Mix::Adversarial)] {
+        let docs = corpus::documents(seed, total, 20_000, 120_000, mix);
+        let bad: Vec<usize> =
+            (0..docs.len()).filter(|&i| b.fast.encode_split(&docs[i]) != hf_ids(&b.hf, &docs[i])).collect();
+        // The corpus has no added tokens: each document is one segment, cut at `first_cut`.
+        let cut = docs.iter().filter(|d| FastTokenizer::first_cut(d).is_some()).count();
+        eprintln!("[parts, {mix:?}] {} documents, {cut} cut, {} differ", docs.len(), bad.len());
+        assert!(cut * 10 >= docs.len() * 9, "only {cut} of {} documents were cut", docs.len());
+        assert!(!docs.is_empty() && bad.is_empty(), "documents {bad:?} differ when encoded in parts");
+    }
+}
+
 #[test]
 fn system_texts() {
     let b = both();
