@@ -241,18 +241,13 @@ pub struct Decision {
     /// earlier answers, see `unseen`): per worker within its overlap, and the prompt's own.
     pub unseen: Unseen,
     pub policy: &'static str,
-    /// The candidates themselves: while the decision lives, their ids cannot be given to another
-    /// worker (see [`Router`]).
+    /// The worker list the decision was made from (one `Arc` for all): while the decision lives, no
+    /// candidate's id can be given to another worker (see [`Router`]).
     #[serde(skip)]
-    held: Vec<Arc<Worker>>,
+    _held: Arc<Vec<Arc<Worker>>>,
 }
 
 impl Decision {
-    /// The candidates' workers, in `candidates` order.
-    pub fn candidate_workers(&self) -> &[Arc<Worker>] {
-        &self.held
-    }
-
     /// The policy's pick.
     pub fn worker(&self) -> usize {
         self.candidates[0]
@@ -276,14 +271,17 @@ impl Decision {
 /// **Worker ids are slots, reused only when provably unreferenced.** A worker's id is its position in
 /// `workers`; the index, a [`Decision`], an [`Admission`], a [`LoadGuard`] and the server's event
 /// feeds name workers by it. A removed worker keeps its slot until (1) the router holds the only
-/// `Arc` to it — every holder of an id that may still act on it (a decision's candidates, an
-/// admission, a load guard, an event feed, an admin call) holds the worker's `Arc` too — and (2) the
+/// `Arc` to it — every holder of an id that may still act on it (an admission, a load guard, an event
+/// feed, an admin call) holds the worker's `Arc` too, and a decision the worker list it was made from,
+/// which the router copies before it looks for a free slot — and (2) the
 /// index holds none of its entries. Only then may [`Router::add_worker`] or a [`Router::change`] give the
 /// slot to a new worker, so an id in flight or in the index never names another worker, and add/remove
 /// cycles run forever within [`MAX_WORKERS`] slots.
 pub struct Router {
     /// Slots, grown at run time up to [`MAX_WORKERS`]; a removed worker's slot is reused as above.
-    workers: parking_lot::RwLock<Vec<Arc<Worker>>>,
+    /// Shared with the decisions made from it (a selection takes one `Arc`, not one per worker) and
+    /// copied on write by a [`Change`].
+    workers: parking_lot::RwLock<Arc<Vec<Arc<Worker>>>>,
     index: BlockIndex,
     policy: Box<dyn Policy>,
     ejection: EjectionConfig,
@@ -325,7 +323,7 @@ impl ImageAffinity {
 /// committed or dropped (dropping changes nothing). See [`Router::change`].
 #[must_use = "a prepared change does nothing until committed"]
 pub struct Change<'a> {
-    workers: parking_lot::RwLockWriteGuard<'a, Vec<Arc<Worker>>>,
+    workers: parking_lot::RwLockWriteGuard<'a, Arc<Vec<Arc<Worker>>>>,
     retire: Vec<usize>,
     /// (slot, spec) per added worker, in the order given.
     add: Vec<(usize, WorkerSpec)>,
@@ -341,11 +339,13 @@ impl Change<'_> {
             self.workers[id].set_draining();
         }
         let mut ids = Vec::with_capacity(self.add.len());
+        // Unshared by `Router::change`, so this copies nothing.
+        let workers = Arc::make_mut(&mut self.workers);
         for (slot, spec) in std::mem::take(&mut self.add) {
             let worker = Arc::new(Worker::with_image_budgets(spec, self.budgets));
-            match self.workers.get_mut(slot) {
+            match workers.get_mut(slot) {
                 Some(old) => *old = worker,
-                None => self.workers.push(worker),
+                None => workers.push(worker),
             }
             ids.push(slot);
         }
@@ -384,7 +384,7 @@ impl Router {
         let workers = workers.into_iter().map(|w| Arc::new(Worker::with_image_budgets(w, budgets))).collect();
         Ok(Router {
             index,
-            workers: parking_lot::RwLock::new(workers),
+            workers: parking_lot::RwLock::new(Arc::new(workers)),
             images: ImageAffinity {
                 budgets,
                 encoder_weight: cfg.image_encoder_weight,
@@ -430,7 +430,7 @@ impl Router {
     /// [`Worker::is_removed`]). While the result is held, no removed slot is reusable (a slot is free only
     /// when the router holds its worker's last `Arc`): listings want [`Router::live_workers`].
     pub fn workers(&self) -> Vec<Arc<Worker>> {
-        self.workers.read().clone()
+        self.workers.read().to_vec()
     }
 
     /// The workers not removed, with their ids.
@@ -470,7 +470,7 @@ impl Router {
     /// stays locked meanwhile, so the checks still hold then (a caller changing several routers
     /// prepares them all, then commits them all).
     pub fn change(&self, retire: &[usize], add: Vec<WorkerSpec>) -> Result<Change<'_>, RoutingError> {
-        let workers = self.workers.write();
+        let workers = self.unshared_workers();
         for &id in retire {
             if workers.get(id).is_none_or(|w| w.is_removed()) {
                 return Err(RoutingError::UnknownWorker(id));
@@ -491,6 +491,15 @@ impl Router {
         let slots = self.free_slots(&workers, add.len()).ok_or(RoutingError::NoFreeSlot)?;
         let add = slots.into_iter().zip(add).collect();
         Ok(Change { workers, retire: retire.to_vec(), add, budgets: self.images.budgets })
+    }
+
+    /// The worker list, write-locked and held by the router alone: a list a decision still holds is
+    /// copied first, so each of its workers counts that holder in its own `Arc` (which `reusable` and
+    /// `forget_removed` read).
+    fn unshared_workers(&self) -> parking_lot::RwLockWriteGuard<'_, Arc<Vec<Arc<Worker>>>> {
+        let mut workers = self.workers.write();
+        Arc::make_mut(&mut workers);
+        workers
     }
 
     /// `n` slots for new workers: reusable ones first (the list stays as short as the pool, which keeps
@@ -526,7 +535,7 @@ impl Router {
     /// stopped, no decision names it): drops whatever was written for it since its removal, so its
     /// slot can be reused. Returns false, doing nothing, while anyone else still holds it.
     pub fn forget_removed(&self, worker: usize, held: &Arc<Worker>) -> bool {
-        let current = self.workers.read().get(worker).is_some_and(|w| Arc::ptr_eq(w, held));
+        let current = self.unshared_workers().get(worker).is_some_and(|w| Arc::ptr_eq(w, held));
         // The router's `Arc` and the caller's: nobody else can still write for this id.
         if !current || !held.is_removed() || Arc::strong_count(held) > 2 {
             return false;
@@ -564,10 +573,10 @@ impl Router {
         };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
-        let held = candidates.iter().map(|&i| workers[i].clone()).collect();
+        let _held = workers;
         let policy = self.policy.name();
         let costs = pick.costs;
-        Some(Decision { candidates, overlap_blocks, overlap_sources, costs, image_credit, unseen, policy, held })
+        Some(Decision { candidates, overlap_blocks, overlap_sources, costs, image_credit, unseen, policy, _held })
     }
 
     /// Per worker, the image credit of the request (all 0 without images).
