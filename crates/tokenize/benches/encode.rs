@@ -102,17 +102,27 @@ fn encode(c: &mut Criterion) {
     });
     group.finish();
 
-    // One ~8 000-token prompt at a time (a 32 KB slice of the corpus): on one thread, and cut into
-    // parts encoded on rayon's pool as an idle router does (`with_parallel_parts`).
-    let prefix = |d: &'_ String| (0..=32_000.min(d.len())).rev().find(|&i| d.is_char_boundary(i)).unwrap_or(0);
-    let prompts: Vec<&str> = docs.iter().map(|d| &d[..prefix(d)]).collect();
+    // One ~8 000-token prompt of prose at a time (32 KB, no added token: one segment, as a long
+    // user message is): on one thread, and cut in two with the second part on the helper thread,
+    // as an idle router does (`with_parallel_parts`).
+    let mut r = corpus::Rng::new(0x32_000);
+    let prompts: Vec<String> = (0..64)
+        .map(|_| {
+            let mut p = String::new();
+            while p.len() < 32_000 {
+                corpus::prose(&mut r, &mut p);
+            }
+            p
+        })
+        .collect();
+    assert!(prompts.iter().all(|p| FastTokenizer::first_cut(p).is_some()), "every prompt is cut");
     let mut group = c.benchmark_group("encode_qwen3_32kb_prompt");
     group.sample_size(20);
     for (label, split) in [("one_thread", false), ("parallel_parts", true)] {
         let mut next = 0usize;
         group.bench_function(label, |b| {
             b.iter(|| {
-                let d = prompts[next % prompts.len()];
+                let d = &prompts[next % prompts.len()];
                 next += 1;
                 black_box(if split { fast.encode_split(black_box(d)) } else { fast.encode(black_box(d)) })
             })

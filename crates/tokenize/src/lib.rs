@@ -58,6 +58,7 @@ mod unicode_data;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 pub use tekken::{TekkenError, TekkenImageConfig, TekkenTokenizer, TEKKEN_PATTERN, TEKKEN_STACK_LIMIT_RUN};
 
@@ -93,23 +94,49 @@ impl std::error::Error for Unsupported {}
 
 /// An immutable, thread-safe encoder built from a `tokenizer.json`.
 pub struct FastTokenizer {
-    bpe: Bpe,
+    /// Shared with the helper thread that encodes the second part of a long text.
+    text: Arc<TextEncoder>,
     added: AddedTokens,
     added_ids: HashMap<String, u32>,
     other_tokens: HashMap<String, u32>,
-    nfc: bool,
-    max_digits: usize,
     /// Long texts are cut into parts encoded in parallel when the process is otherwise idle.
     parallel: bool,
+}
+
+/// Encodes text between added tokens: normalize, pre-tokenize, BPE.
+struct TextEncoder {
+    bpe: Bpe,
+    nfc: bool,
+    max_digits: usize,
+}
+
+impl TextEncoder {
+    fn encode(&self, seg: &str, out: &mut Vec<u32>) {
+        if seg.is_empty() {
+            return;
+        }
+        if self.nfc {
+            if let Some(normalized) = normalize::nfc(seg) {
+                self.encode_normalized(&normalized, out);
+                return;
+            }
+        }
+        self.encode_normalized(seg, out);
+    }
+
+    #[inline]
+    fn encode_normalized(&self, s: &str, out: &mut Vec<u32>) {
+        pretok::for_each_piece(s, self.max_digits, |piece| self.bpe.encode_piece(piece, out));
+    }
 }
 
 impl fmt::Debug for FastTokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FastTokenizer")
-            .field("nfc", &self.nfc)
-            .field("max_digits", &self.max_digits)
+            .field("nfc", &self.text.nfc)
+            .field("max_digits", &self.text.max_digits)
             .field("parallel", &self.parallel)
-            .field("merges", &self.bpe.n_merges())
+            .field("merges", &self.text.bpe.n_merges())
             .field("added_tokens", &self.added_ids.len())
             .finish_non_exhaustive()
     }
@@ -126,19 +153,17 @@ impl FastTokenizer {
         let bpe = Bpe::new(cfg.vocab, &cfg.merges, cfg.ignore_merges);
         let added = AddedTokens::new(&cfg.added);
         Ok(FastTokenizer {
-            bpe,
+            text: Arc::new(TextEncoder { bpe, nfc: cfg.nfc, max_digits: cfg.max_digits }),
             added,
             added_ids: cfg.added.into_iter().collect(),
             other_tokens: cfg.other_tokens,
-            nfc: cfg.nfc,
-            max_digits: cfg.max_digits,
             parallel: false,
         })
     }
 
-    /// Lets [`FastTokenizer::encode_into`] cut a long text (16 KiB and more between added tokens) into
-    /// parts encoded on rayon's pool while no other encode runs in the process: same ids, lower latency
-    /// on an idle machine (see `src/par.rs`). Off by default: one thread per encode.
+    /// Lets [`FastTokenizer::encode_into`] cut a long text (16 KiB and more between added tokens) in two
+    /// while no other encode runs in the process, the second part encoded on a helper thread: same
+    /// ids, lower latency on an idle machine (see `src/par.rs`). Off by default: one thread per encode.
     pub fn with_parallel_parts(mut self, on: bool) -> FastTokenizer {
         self.parallel = on;
         self
@@ -192,44 +217,21 @@ impl FastTokenizer {
         self.encode_segment(&text[start..], out, split);
     }
 
-    /// Text between added tokens; a long one cut into parts when `split` (see `src/par.rs`).
+    /// Text between added tokens; a long one cut in two when `split` and a safe cut is found, the
+    /// second part encoded on the helper thread meanwhile (see `src/par.rs`).
     fn encode_segment(&self, seg: &str, out: &mut Vec<u32>, split: bool) {
-        if split && par::cuttable(seg.len()) {
-            // One level per doubling of rayon's threads: two parts on two cores.
-            self.encode_parts(seg, out, rayon::current_num_threads().ilog2());
-        } else {
-            self.encode_whole(seg, out);
-        }
-    }
-
-    /// `seg` cut in two and the halves encoded in parallel while `depth` > 0 and a safe cut is found.
-    fn encode_parts(&self, seg: &str, out: &mut Vec<u32>, depth: u32) {
-        let Some(cut) = Self::first_cut(seg).filter(|_| depth > 0) else {
-            return self.encode_whole(seg, out);
+        let Some(cut) = Self::first_cut(seg).filter(|_| split) else {
+            return self.text.encode(seg, out);
         };
         let (head, tail) = seg.split_at(cut);
-        let mut tail_ids = Vec::with_capacity(tail.len() / 3 + 4);
-        rayon::join(|| self.encode_parts(head, out, depth - 1), || self.encode_parts(tail, &mut tail_ids, depth - 1));
-        out.extend_from_slice(&tail_ids);
-    }
-
-    /// Text between added tokens, on this thread: normalize, pre-tokenize, BPE.
-    fn encode_whole(&self, seg: &str, out: &mut Vec<u32>) {
-        if seg.is_empty() {
-            return;
-        }
-        if self.nfc {
-            if let Some(normalized) = normalize::nfc(seg) {
-                self.encode_normalized(&normalized, out);
-                return;
-            }
-        }
-        self.encode_normalized(seg, out);
-    }
-
-    #[inline]
-    fn encode_normalized(&self, s: &str, out: &mut Vec<u32>) {
-        pretok::for_each_piece(s, self.max_digits, |piece| self.bpe.encode_piece(piece, out));
+        let (text, tail) = (self.text.clone(), tail.to_owned());
+        let tail_ids = par::Offloaded::start(move || {
+            let mut ids = Vec::with_capacity(tail.len() / 3 + 4);
+            text.encode(&tail, &mut ids);
+            ids
+        });
+        self.text.encode(head, out);
+        out.extend_from_slice(&tail_ids.join());
     }
 
     /// Id of a token given as it appears in `tokenizer.json` (added tokens first, then the BPE
@@ -239,14 +241,14 @@ impl FastTokenizer {
             return Some(id);
         }
         match load::bytelevel_decode(token) {
-            Some(b) if !b.is_empty() => self.bpe.token_id(&b),
+            Some(b) if !b.is_empty() => self.text.bpe.token_id(&b),
             _ => self.other_tokens.get(token).copied(),
         }
     }
 
     /// Approximate memory held by the tokenizer, in bytes.
     pub fn heap_bytes(&self) -> usize {
-        self.bpe.heap_bytes()
+        self.text.bpe.heap_bytes()
     }
 }
 

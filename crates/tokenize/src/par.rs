@@ -18,11 +18,18 @@
 //! the rest of the text as one piece after a white-space run of [`STACK_LIMIT_RUN`] characters, cannot
 //! apply to a text shorter than that many bytes, and longer texts are never cut.
 //!
-//! Parts run on rayon's pool, and only while no other encode is running in the process: a router
-//! under load already has every core planning its own request, and splitting would only add the
-//! hand-off; an idle router gives its spare cores to the one long prompt it is planning.
+//! The second part of a cut is encoded on a helper thread while the calling thread encodes the first,
+//! and only while no other encode is running in the process: a router under load already has every
+//! core planning its own request, and cutting would only add the hand-off; an idle router gives a
+//! spare core to the one long prompt it is planning. The helper sleeps on a channel between jobs
+//! (a thread pool that spins while idle, as rayon's does, was measured burning a core's worth of CPU
+//! at one request at a time). Whoever gets to a part first encodes it: when the helper has not picked
+//! it up by the time the caller is done with its own, the caller encodes it too, so a cut never waits
+//! on a slow wake-up.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 use crate::pretok::STACK_LIMIT_RUN;
 use crate::unicode::{ASCII, LETTER, SPACE};
@@ -54,6 +61,90 @@ impl Drop for Running {
     fn drop(&mut self) {
         RUNNING.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The helper thread's queue, the thread started on first use.
+fn helper() -> &'static Mutex<Sender<Job>> {
+    static HELPER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
+    HELPER.get_or_init(|| {
+        let (tx, rx) = channel::<Job>();
+        let spawned = std::thread::Builder::new().name("mmrouter-tokenize".into()).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                job();
+            }
+        });
+        // Without a helper every job stays unclaimed, and each caller encodes its own second part.
+        drop(spawned);
+        Mutex::new(tx)
+    })
+}
+
+/// A part handed to the helper thread; [`Offloaded::join`] returns its result.
+pub(crate) struct Offloaded<T> {
+    shared: Arc<(Mutex<Part<T>>, Condvar)>,
+}
+
+enum Part<T> {
+    /// Not started: whoever takes it runs it.
+    Waiting(Box<dyn FnOnce() -> T + Send>),
+    Running,
+    Done(T),
+    Panicked,
+    Taken,
+}
+
+impl<T: Send + 'static> Offloaded<T> {
+    pub(crate) fn start(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
+        let shared = Arc::new((Mutex::new(Part::Waiting(Box::new(work))), Condvar::new()));
+        let theirs = shared.clone();
+        let job: Job = Box::new(move || {
+            let (part, done) = &*theirs;
+            let Some(work) = take_waiting(&mut lock(part)) else { return };
+            // A panic is handed to the caller, whose own encode would have panicked the same way;
+            // the helper lives on for the next part.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            *lock(part) = result.map_or(Part::Panicked, Part::Done);
+            done.notify_one();
+        });
+        // A send fails only if the helper is gone: the part then waits for the caller.
+        let _ = lock(helper()).send(job);
+        Offloaded { shared }
+    }
+
+    /// The part's result: encoded here if the helper has not started it, else waited for.
+    pub(crate) fn join(self) -> T {
+        let (part, done) = &*self.shared;
+        let mut state = lock(part);
+        if let Some(work) = take_waiting(&mut state) {
+            drop(state);
+            return work();
+        }
+        loop {
+            match std::mem::replace(&mut *state, Part::Taken) {
+                Part::Done(result) => return result,
+                Part::Panicked => panic!("encoding a part of a long text panicked on the helper thread"),
+                running => *state = running,
+            }
+            state = done.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Takes the work out of a part not started yet, marking it running.
+fn take_waiting<T>(state: &mut Part<T>) -> Option<Box<dyn FnOnce() -> T + Send>> {
+    match std::mem::replace(state, Part::Running) {
+        Part::Waiting(work) => Some(work),
+        other => {
+            *state = other;
+            None
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether the text may be cut at all (see the module docs).
@@ -139,6 +230,23 @@ mod tests {
         assert_eq!(cut_near("東京東京".as_bytes(), 6, 6), None);
         assert!(!is_cut(b"a b", 0) && !is_cut(b"a b", 2));
         assert!(!cuttable(PARALLEL_MIN_BYTES - 1) && cuttable(PARALLEL_MIN_BYTES) && !cuttable(STACK_LIMIT_RUN));
+    }
+
+    #[test]
+    fn a_part_is_run_once_by_whoever_gets_to_it_first() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        for i in 0..200u64 {
+            let counted = runs.clone();
+            let part = Offloaded::start(move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+                i * 2
+            });
+            if i % 2 == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(200)); // let the helper take it
+            }
+            assert_eq!(part.join(), i * 2);
+        }
+        assert_eq!(runs.load(Ordering::Relaxed), 200, "each part ran exactly once");
     }
 
     #[test]
