@@ -27,9 +27,10 @@
 //! it up by the time the caller is done with its own, the caller encodes it too, so a cut never waits
 //! on a slow wake-up.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::pretok::STACK_LIMIT_RUN;
 use crate::unicode::{ASCII, LETTER, SPACE};
@@ -83,8 +84,20 @@ fn helper() -> &'static Mutex<Sender<Job>> {
 
 /// A part handed to the helper thread; [`Offloaded::join`] returns its result.
 pub(crate) struct Offloaded<T> {
-    shared: Arc<(Mutex<Part<T>>, Condvar)>,
+    shared: Arc<Shared<T>>,
 }
+
+struct Shared<T> {
+    part: Mutex<Part<T>>,
+    done: Condvar,
+    /// Set with `Done`/`Panicked`: the caller spins on it instead of sleeping on `done` at once.
+    finished: AtomicBool,
+}
+
+/// How long a caller spins for a part the helper is encoding before it sleeps: about the time the
+/// helper needs (it started no later than the caller's own part). Sleeping at once would add a second
+/// wake-up, the caller's, which on a small VM took as long as the part itself.
+const SPIN_FOR: Duration = Duration::from_micros(500);
 
 enum Part<T> {
     /// Not started: whoever takes it runs it.
@@ -97,16 +110,20 @@ enum Part<T> {
 
 impl<T: Send + 'static> Offloaded<T> {
     pub(crate) fn start(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
-        let shared = Arc::new((Mutex::new(Part::Waiting(Box::new(work))), Condvar::new()));
+        let shared = Arc::new(Shared {
+            part: Mutex::new(Part::Waiting(Box::new(work))),
+            done: Condvar::new(),
+            finished: AtomicBool::new(false),
+        });
         let theirs = shared.clone();
         let job: Job = Box::new(move || {
-            let (part, done) = &*theirs;
-            let Some(work) = take_waiting(&mut lock(part)) else { return };
+            let Some(work) = take_waiting(&mut lock(&theirs.part)) else { return };
             // A panic is handed to the caller, whose own encode would have panicked the same way;
             // the helper lives on for the next part.
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-            *lock(part) = result.map_or(Part::Panicked, Part::Done);
-            done.notify_one();
+            *lock(&theirs.part) = result.map_or(Part::Panicked, Part::Done);
+            theirs.finished.store(true, Ordering::Release);
+            theirs.done.notify_one();
         });
         // A send fails only if the helper is gone: the part then waits for the caller.
         let _ = lock(helper()).send(job);
@@ -115,12 +132,18 @@ impl<T: Send + 'static> Offloaded<T> {
 
     /// The part's result: encoded here if the helper has not started it, else waited for.
     pub(crate) fn join(self) -> T {
-        let (part, done) = &*self.shared;
+        let Shared { part, done, finished } = &*self.shared;
         let mut state = lock(part);
         if let Some(work) = take_waiting(&mut state) {
             drop(state);
             return work();
         }
+        drop(state);
+        let spin_until = Instant::now() + SPIN_FOR;
+        while !finished.load(Ordering::Acquire) && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        let mut state = lock(part);
         loop {
             match std::mem::replace(&mut *state, Part::Taken) {
                 Part::Done(result) => return result,
