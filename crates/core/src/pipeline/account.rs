@@ -26,7 +26,7 @@ impl Accounting<'_> {
     pub(super) fn account(
         &self,
         req: &Request<'_>,
-        tokens: &Result<ChatTokens, PlanError>,
+        tokens: &Result<Arc<ChatTokens>, PlanError>,
         infos: Vec<ImageInfo>,
     ) -> Result<Vec<Accounted>, Fallback> {
         if infos.is_empty() {

@@ -4,6 +4,8 @@
 //! (each image one placeholder token), carrying nothing of the images that did succeed. Also where a
 //! plan's block keys are cut from its ids ([`Gate::set_blocks`]), for every route.
 
+use std::sync::Arc;
+
 use crate::accounting::{RunPart, TextExpansion};
 use crate::keys::ImageSpan;
 use crate::pipeline::account::{Accounted, Expansion};
@@ -32,7 +34,7 @@ impl Gate<'_> {
     pub(super) fn gate(
         &self,
         out: &mut Draft,
-        tokens: Result<ChatTokens, PlanError>,
+        tokens: Result<Arc<ChatTokens>, PlanError>,
         accounted: Result<Vec<Accounted>, Fallback>,
         has_media: bool,
         seed: u64,

@@ -17,6 +17,7 @@ mod account;
 mod counter;
 mod error;
 mod gate;
+mod memo;
 mod output;
 mod read;
 mod splice;
@@ -63,6 +64,8 @@ pub struct Pipeline {
     max_prompt_tokens: u32,
     reader: ImageReader,
     trust_client_uuids: bool,
+    /// Recent bodies' rendered and tokenized prompts; none when a template reads the clock.
+    memo: Option<memo::TokenMemo>,
 }
 
 impl Pipeline {
@@ -100,6 +103,7 @@ impl Pipeline {
         let placeholder = counter.as_ref().ok().map(|c| c.placeholder().to_owned());
         let media = MediaConfig { report_transposed: model.is_mistral(), ..cfg.media.clone() };
         Ok(Pipeline {
+            memo: model.renders_purely().then(memo::TokenMemo::default),
             model: Arc::new(model),
             counter,
             placeholder,
@@ -195,8 +199,21 @@ impl Pipeline {
     }
 
     /// The chat rendered and tokenized, placeholders located (when the model has an accounting
-    /// profile; without one the image positions are unknown and only the text routes).
-    fn tokenize(&self, req: &Request<'_>) -> Result<ChatTokens, PlanError> {
+    /// profile; without one the image positions are unknown and only the text routes); from the memo
+    /// when the same body was planned recently (see `memo`).
+    fn tokenize(&self, req: &Request<'_>) -> Result<Arc<ChatTokens>, PlanError> {
+        let memo = self.memo.as_ref().zip(req.body_digest());
+        if let Some(hit) = memo.and_then(|(m, key)| m.get(key)) {
+            return Ok(hit);
+        }
+        let tokens = Arc::new(self.render_and_tokenize(req)?);
+        if let Some((m, key)) = memo {
+            m.insert(key, tokens.clone());
+        }
+        Ok(tokens)
+    }
+
+    fn render_and_tokenize(&self, req: &Request<'_>) -> Result<ChatTokens, PlanError> {
         let counter = self.counter.as_ref().ok();
         let placeholder = |n: usize| counter.and_then(|c| c.prompt_placeholder(n)).unwrap_or_default();
         let has_string_placeholder = counter.is_some_and(|c| c.prompt_placeholder(1).is_some());
@@ -278,6 +295,53 @@ fn rehashes_images(req: &Request<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ModelSource, ModelSpec};
+
+    fn qwen(chat_template: Option<&str>) -> Pipeline {
+        let mut model = ModelSpec::new(ModelSource::Bundled("qwen3-vl"));
+        model.chat_template = chat_template.map(str::to_owned);
+        Pipeline::new(&PipelineConfig { model, media: MediaConfig::default() }).expect("pipeline")
+    }
+
+    fn plan(p: &Pipeline, body: &str) -> Planned {
+        let req = Request::parse(Endpoint::Chat, body.as_bytes()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(p.plan_with(&req, true)).unwrap()
+    }
+
+    /// What a plan routes on and what it says it saw.
+    fn routed(p: &Planned) -> (Vec<u64>, u32, Option<String>, Vec<u32>) {
+        let trace = p.trace.as_ref().unwrap();
+        (p.plan.blocks.clone(), p.plan.prompt_tokens, trace.text.clone(), trace.ids.clone())
+    }
+
+    #[test]
+    fn a_body_sent_again_is_planned_from_the_memo_and_the_same() {
+        let p = qwen(None);
+        let bodies = [
+            r#"{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi there, how are you today?"}]}"#,
+            r#"{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi there, how are you today!"}]}"#,
+            r#"{"messages":[{"role":"user","content":"Weather?"}],"tools":[{"type":"function","function":{"name":"w","parameters":{}}}]}"#,
+        ];
+        let first: Vec<_> = bodies.iter().map(|b| routed(&plan(&p, b))).collect();
+        assert_ne!(first[0], first[1], "one byte apart: two prompts");
+        for (b, want) in bodies.iter().zip(&first) {
+            let req = Request::parse(Endpoint::Chat, b.as_bytes()).unwrap();
+            let again = p.tokenize(&req).unwrap();
+            assert!(Arc::ptr_eq(&again, &p.tokenize(&req).unwrap()), "served from the memo");
+            assert_eq!(&routed(&plan(&p, b)), want, "the same plan from the memo");
+        }
+    }
+
+    #[test]
+    fn a_template_that_reads_the_clock_is_rendered_every_time() {
+        let clock = "{{ strftime_now('%Y-%m-%d %H:%M:%S') }}{% for m in messages %}{{ m.content }}{% endfor %}";
+        let p = qwen(Some(clock));
+        assert!(p.memo.is_none());
+        assert!(qwen(None).memo.is_some());
+        let req = Request::parse(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert!(!Arc::ptr_eq(&p.tokenize(&req).unwrap(), &p.tokenize(&req).unwrap()));
+    }
 
     #[test]
     fn only_non_empty_request_kwargs_rehash_images() {

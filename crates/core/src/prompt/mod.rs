@@ -79,6 +79,8 @@ struct TemplateInfo {
     format: ContentFormat,
     knows_developer: bool,
     mentions_content: bool,
+    /// Calls `strftime_now`: its output depends on when it renders.
+    reads_clock: bool,
 }
 
 impl TemplateInfo {
@@ -88,6 +90,7 @@ impl TemplateInfo {
             format: format::detect(source),
             knows_developer: source.contains("\"developer\"") || source.contains("'developer'"),
             mentions_content: source.contains("content"),
+            reads_clock: source.contains("strftime_now"),
         }
     }
 }
@@ -324,6 +327,12 @@ impl PromptModel {
 
     /// Token ids the tokenizer can produce are below this: its largest id, added tokens included, plus
     /// one (ids may have gaps, so this is not the vocabulary's size). Walks the vocabulary: call once.
+    /// Whether rendering depends only on the request: no template of the model reads the clock
+    /// (`strftime_now`, as Llama 3's do for "Today Date"). Renders may then be reused for equal requests.
+    pub fn renders_purely(&self) -> bool {
+        self.inner.templates.iter().all(|t| !t.reads_clock)
+    }
+
     pub fn vocab_size(&self) -> u32 {
         if let Some(m) = &self.mistral {
             return m.vocab_size();

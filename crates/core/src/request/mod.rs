@@ -85,6 +85,8 @@ pub struct Request<'a> {
     /// Image parts that name a `uuid` but carry no usable image (`"image_url": null`): vLLM would serve
     /// cached features by that name.
     pub uuid_only_parts: usize,
+    /// xxh3-128 of the endpoint and the whole body, for bodies up to 64 KiB (see `body_digest`).
+    digest: Option<u128>,
 }
 
 /// One message: its keys in the order sent; `content` keeps image parts as parts (no URL copied).
@@ -132,6 +134,12 @@ pub struct ImagePart<'a> {
 }
 
 impl<'a> Request<'a> {
+    /// A digest of the endpoint and the body's bytes, for bodies up to 64 KiB: equal digests, equal
+    /// requests (the pipeline memoizes their rendered prompts by it).
+    pub fn body_digest(&self) -> Option<u128> {
+        self.digest
+    }
+
     /// A top-level field the pipeline reads (see `KNOWN_FIELDS` in `de.rs`), as sent.
     pub fn field(&self, key: &str) -> Option<&Value> {
         self.fields.get(key).filter(|v| !v.is_null())
