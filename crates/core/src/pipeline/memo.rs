@@ -2,12 +2,12 @@
 //! retry, one prompt sent by many users, a monitoring probe — skips the chat template and the
 //! tokenizer.
 //!
-//! Keyed by the xxh3-128 digest of the whole body ([`Request::body_digest`]): rendering and
-//! tokenizing read nothing else that varies per request (the model, its template and its placeholder
-//! are the pipeline's own, and a reload builds a new pipeline), so equal bodies render equally — unless
-//! a template reads the clock (`strftime_now`), and then the pipeline keeps no memo. Bodies over
-//! 64 KiB have no digest: hashing them would cost more than a miss saves on traffic that never
-//! repeats, and image bodies (mostly base64) render to little text anyway.
+//! Keyed by [`Request::body_digest`], an xxh3-128 digest of the body outside its images' URLs (an
+//! image part renders as a placeholder whatever its URL): rendering and tokenizing read nothing else
+//! that varies per request (the model, its template and its placeholder are the pipeline's own, and a
+//! reload builds a new pipeline), so equal digests render equally — unless a template reads the clock
+//! (`strftime_now`), and then the pipeline keeps no memo. A body with over 64 KiB outside its image
+//! URLs has no digest: hashing it would cost more than a miss saves on traffic that never repeats.
 //!
 //! Bounded: two generations of at most [`GENERATION_ENTRIES`] prompts and [`GENERATION_BYTES`] of
 //! text and ids each; when the current one fills it becomes the old one and the older is dropped. A

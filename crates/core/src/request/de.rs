@@ -62,19 +62,38 @@ impl<'a> Request<'a> {
             _ => ParseError::InvalidJson(e.to_string()),
         })?;
         de.end().map_err(|e| ParseError::InvalidJson(e.to_string()))?;
-        let digest = (body.len() <= DIGESTED_BODY_BYTES).then(|| {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
-            h.update(&[endpoint as u8]);
-            h.update(body);
-            h.digest128()
-        });
+        let digest = digest(endpoint, body, &request);
         Ok(Request { digest, ..request })
     }
 }
 
-/// Bodies up to this size get a digest ([`Request::body_digest`]): digesting costs ~0.05 µs per KiB,
-/// and bodies past this are mostly image data or one-off long prompts.
+/// Bodies with up to this much outside their image URLs get a digest ([`Request::body_digest`]):
+/// digesting costs ~0.05 µs per KiB, and longer texts are mostly one-off long prompts.
 const DIGESTED_BODY_BYTES: usize = 64 * 1024;
+
+/// The digest of everything in the body but its images' `image_url` values, with the endpoint and the
+/// number of images: what the prompt is rendered from (an image part renders as a placeholder,
+/// whatever its URL). None for a body with a media part the router cannot account for, or too long.
+fn digest(endpoint: Endpoint, body: &[u8], request: &Request<'_>) -> Option<u128> {
+    let urls: usize = request.images.iter().map(|i| i.image_url_span.len()).sum();
+    if request.media_issue.is_some() || body.len() - urls > DIGESTED_BODY_BYTES {
+        return None;
+    }
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&[endpoint as u8]);
+    h.update(&(request.images.len() as u64).to_le_bytes());
+    let mut at = 0;
+    for span in request.images.iter().map(|i| &i.image_url_span) {
+        // Spans come in body order and do not overlap; anything else is digested whole.
+        if span.start < at {
+            return None;
+        }
+        h.update(&body[at..span.start]);
+        at = span.end;
+    }
+    h.update(&body[at..]);
+    Some(h.digest128())
+}
 
 /// State shared by the nested seeds while one body is parsed.
 struct Ctx<'a> {

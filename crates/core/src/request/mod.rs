@@ -85,7 +85,7 @@ pub struct Request<'a> {
     /// Image parts that name a `uuid` but carry no usable image (`"image_url": null`): vLLM would serve
     /// cached features by that name.
     pub uuid_only_parts: usize,
-    /// xxh3-128 of the endpoint and the whole body, for bodies up to 64 KiB (see `body_digest`).
+    /// A digest of what the prompt renders from (see `body_digest`).
     digest: Option<u128>,
 }
 
@@ -134,8 +134,9 @@ pub struct ImagePart<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// A digest of the endpoint and the body's bytes, for bodies up to 64 KiB: equal digests, equal
-    /// requests (the pipeline memoizes their rendered prompts by it).
+    /// A digest of the endpoint, the number of images and the body's bytes outside the images'
+    /// `image_url` values, when those are at most 64 KiB and every media part is an image the router
+    /// reads: equal digests, equal rendered prompts (the pipeline memoizes them by it).
     pub fn body_digest(&self) -> Option<u128> {
         self.digest
     }

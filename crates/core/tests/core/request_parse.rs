@@ -130,3 +130,36 @@ fn spans_locate_each_image_url_and_client_uuid_in_the_body() {
     assert_eq!(at(r.images[1].image_url_span.clone()), r#""data:image/png;base64,AAAA""#);
     assert_eq!(r.images[1].uuid_span, None);
 }
+
+/// The digest the pipeline memoizes rendered prompts by: everything the prompt renders from, not the
+/// image URLs (a part renders as a placeholder whatever its URL).
+#[test]
+fn the_body_digest_leaves_image_urls_out() {
+    let chat = |text: &str, url: &str| {
+        format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"{text}"}},{{"type":"image_url","image_url":{{"url":"{url}"}}}}]}}]}}"#
+        )
+    };
+    let digest = |b: &str| parse(b).body_digest();
+    let a = digest(&chat("what is it?", "data:image/png;base64,AAAA"));
+    assert!(a.is_some());
+    assert_eq!(a, digest(&chat("what is it?", "https://example.com/other.png")), "another image, same prompt");
+    assert_ne!(a, digest(&chat("what is that?", "data:image/png;base64,AAAA")), "other text");
+    let two = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"data:image/png;base64,AA"},{"type":"image_url","image_url":"data:image/png;base64,BB"}]}]}"#;
+    let one =
+        r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"data:image/png;base64,AA"}]}]}"#;
+    assert_ne!(digest(two), digest(one));
+    assert_ne!(
+        Request::parse(Endpoint::Completion, br#"{"prompt":"x"}"#).unwrap().body_digest(),
+        Request::parse(Endpoint::Chat, br#"{"prompt":"x"}"#).unwrap().body_digest(),
+        "the endpoint is part of it"
+    );
+    // Media the router cannot read, or too much text: no digest, no memo.
+    let audio = r#"{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]}]}"#;
+    assert_eq!(digest(audio), None);
+    assert_eq!(digest(&chat(&"x".repeat(70_000), "data:,")), None);
+    assert!(
+        digest(&chat("y", &format!("data:image/png;base64,{}", "A".repeat(200_000)))).is_some(),
+        "image bytes do not count"
+    );
+}
