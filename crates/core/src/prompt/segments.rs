@@ -13,10 +13,14 @@
 //! and a miss adds that same hash and copy, about 1 % of encoding the piece (a 6.5 KB turn: ~1 µs
 //! against ~200 µs). See `docs/benchmarks.md`, "Tokenization on new text".
 //!
+//! Before any of that, a prompt that starts with one encoded recently (a conversation's history, up to
+//! an added token) takes that prefix's ids from the prefix cache (`prefix.rs`) in one copy, and only
+//! the rest is split and served as above.
+//!
 //! The split is only reproduced when every added token matches literally (no `lstrip`, `rstrip`,
 //! `single_word` or `normalized`) and the normalizer and pre-tokenizer treat every piece alike; a
 //! tokenizer that prepends a word marker to the *first* piece only (SentencePiece-style `Prepend` /
-//! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those the cache is off
+//! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those both caches are off
 //! and whole strings are encoded.
 
 use std::collections::HashMap;
@@ -25,6 +29,8 @@ use std::sync::{Arc, Mutex};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use mmrouter_tokenize::FastTokenizer;
 use tokenizers::Tokenizer;
+
+use super::prefix::{self, PrefixCache, Span};
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
 const MIN_CACHED_BYTES: usize = 48;
@@ -43,6 +49,10 @@ pub(crate) struct SegmentEncoder {
     /// The fast encoder, when it accepted the model's `tokenizer.json`; its ids equal `tokenizers'`.
     fast: Option<Arc<FastTokenizer>>,
     cache: Mutex<Generations>,
+    /// Whole prompts by their boundary prefixes (used only with `splitter`, as `cache`).
+    prefixes: PrefixCache,
+    /// Off only to measure what the prefix cache saves.
+    prefix_reuse: bool,
 }
 
 /// A two-generation cache: lookups promote from `old` to `new`; when `new` fills up it becomes `old`
@@ -104,7 +114,18 @@ impl SegmentEncoder {
                 Some((ac, tokens.iter().map(|(id, _)| **id).collect()))
             })
             .flatten();
-        SegmentEncoder { splitter, fast, cache: Mutex::new(Generations::default()) }
+        SegmentEncoder {
+            splitter,
+            fast,
+            cache: Mutex::new(Generations::default()),
+            prefixes: PrefixCache::default(),
+            prefix_reuse: true,
+        }
+    }
+
+    /// The encoder without the prefix cache, to measure what it saves.
+    pub(crate) fn without_prefix_reuse(self) -> SegmentEncoder {
+        SegmentEncoder { prefix_reuse: false, ..self }
     }
 
     /// The fast encoder, if the model's tokenizer is one it reproduces.
@@ -127,21 +148,73 @@ impl SegmentEncoder {
         self.splitter.is_some()
     }
 
-    /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache.
+    /// Encodes that reused a kept prefix.
+    #[cfg(test)]
+    pub(crate) fn prefix_hits(&self) -> usize {
+        self.prefixes.hits()
+    }
+
+    /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache, after the
+    /// longest prefix kept in the prefix cache.
     pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3);
         let Some((ac, ids)) = &self.splitter else {
             self.encode_uncached(tokenizer, text, &mut out)?;
             return Ok(out);
         };
-        let mut at = 0;
-        for m in ac.find_iter(text) {
-            self.encode_piece(tokenizer, &text[at..m.start()], &mut out)?;
-            out.push(ids[m.pattern().as_usize()]);
-            at = m.end();
+        let spans =
+            ac.find_iter(text).map(|m| Span { start: m.start(), end: m.end(), id: ids[m.pattern().as_usize()] });
+        if !self.prefix_reuse || text.len() < prefix::MIN_PREFIX_BYTES {
+            self.encode_spans(tokenizer, text, 0, spans, &mut out, |_| {})?;
+            return Ok(out);
         }
-        self.encode_piece(tokenizer, &text[at..], &mut out)?;
+        let spans: Vec<Span> = spans.collect();
+        self.encode_after_prefix(tokenizer, text, &spans, out)
+    }
+
+    /// [`Self::encode`] through the prefix cache: the longest kept prefix's ids, then the rest of the
+    /// text piecewise; the result is kept for later texts.
+    fn encode_after_prefix(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        spans: &[Span],
+        mut out: Vec<u32>,
+    ) -> tokenizers::Result<Vec<u32>> {
+        let boundaries = prefix::boundaries(text, spans);
+        let hit = self.prefixes.lookup(&boundaries);
+        let (at, first) = match &hit {
+            Some(h) => {
+                out.extend_from_slice(h.ids());
+                (h.bytes(), boundaries[h.boundary].span + 1)
+            }
+            None => (0, 0),
+        };
+        // Ids before the end of each span from `first` on: the counts the boundaries after the prefix keep.
+        let mut ids_after = Vec::with_capacity(spans.len() - first);
+        self.encode_spans(tokenizer, text, at, spans[first..].iter().copied(), &mut out, |n| ids_after.push(n))?;
+        self.prefixes.insert(&out, &boundaries, hit.as_ref(), |span| ids_after[span - first]);
         Ok(out)
+    }
+
+    /// Encodes `text[at..]`, whose added-token matches are `spans`, onto `out`; `after_span` gets the
+    /// number of ids in `out` after each span's token.
+    fn encode_spans(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        mut at: usize,
+        spans: impl Iterator<Item = Span>,
+        out: &mut Vec<u32>,
+        mut after_span: impl FnMut(usize),
+    ) -> tokenizers::Result<()> {
+        for span in spans {
+            self.encode_piece(tokenizer, &text[at..span.start], out)?;
+            out.push(span.id);
+            at = span.end;
+            after_span(out.len());
+        }
+        self.encode_piece(tokenizer, &text[at..], out)
     }
 
     fn encode_piece(&self, tokenizer: &Tokenizer, piece: &str, out: &mut Vec<u32>) -> tokenizers::Result<()> {
