@@ -2,7 +2,9 @@
 //! ~150 KB data-URL image and a few hundred words (the same request every iteration: a segment-cache
 //! hit); block keys alone for a 4k-token prompt; and a text-only chat of ~2 000 tokens of multilingual
 //! text, repeated (cache hit) and unique (a new user turn every iteration, so the cache cannot help),
-//! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline.
+//! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline; and
+//! the next turn of a multi-turn conversation (history resent plus one new ~200-token user turn, the load
+//! generator's `multi-turn` shape), with and without the prefix cache.
 
 use std::borrow::Cow;
 use std::hint::black_box;
@@ -130,5 +132,63 @@ fn bench_unique(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_unique);
+/// A user or assistant turn of the multi-turn shape: ~200 tokens of the realistic mix.
+const SHORT_TURN_BYTES: usize = 400;
+/// User turns before the planned one (the load generator's conversations have 8 turns).
+const HISTORY_TURNS: usize = 7;
+
+/// The requests of turns `HISTORY_TURNS` and `HISTORY_TURNS + 1` of a conversation never seen before:
+/// the history (a shared system prompt, user turns and replies) plus one new user turn each.
+fn next_turn(r: &mut corpus::Rng, n: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut turn = || corpus::document(r, SHORT_TURN_BYTES, corpus::Mix::Realistic);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 0..HISTORY_TURNS {
+        if i > 0 {
+            messages.push(serde_json::json!({"role": "assistant", "content": turn()}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": format!("{n} {}", turn())}));
+    }
+    let previous = serde_json::to_vec(&serde_json::json!({"model": "qwen3-vl", "messages": messages})).unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": turn()}));
+    messages.push(serde_json::json!({"role": "user", "content": turn()}));
+    (previous, serde_json::to_vec(&serde_json::json!({"model": "qwen3-vl", "messages": messages})).unwrap())
+}
+
+fn bench_multi_turn(c: &mut Criterion) {
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let chain_seed = seed("qwen3-vl", None, None);
+    let plan = |model: &PromptModel, body: &[u8]| {
+        let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
+        let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
+    };
+    let (_, sample) = next_turn(&mut corpus::Rng::new(0x3000), 0);
+    let tokens = tokenize_chat(&model, &Request::parse(Endpoint::Chat, &sample).unwrap(), PAD, &Default::default());
+    let tokens = tokens.unwrap().ids.len() as u64;
+    eprintln!("plan_chat_multi_turn: {tokens} prompt tokens per request");
+
+    // Each iteration plans a conversation's next turn; the previous turn was planned first (untimed),
+    // as the router planned it when the client sent it.
+    let mut group = c.benchmark_group("plan_chat_multi_turn");
+    group.throughput(Throughput::Elements(tokens));
+    for (label, model) in [("prefix_reuse", model.clone()), ("segment_cache_only", model.without_prefix_reuse())] {
+        let mut r = corpus::Rng::new(0x3001);
+        let mut n = 0u64;
+        group.bench_function(label, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let (previous, next) = next_turn(&mut r, n);
+                    plan(&model, &previous);
+                    next
+                },
+                |body| plan(&model, &body),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_unique, bench_multi_turn);
 criterion_main!(benches);

@@ -12,7 +12,6 @@ use crate::plan::{block_keys, seed, tokenize_chat};
 use crate::request::{Endpoint, Request};
 
 /// The seeded multilingual corpus of mmrouter-tokenize's tests (prose, code, CJK, emoji, special tokens).
-#[allow(dead_code)]
 #[path = "../../../tokenize/tests/tokenize/common/corpus.rs"]
 mod corpus;
 
