@@ -19,7 +19,7 @@
 //! holds [`GENERATION_IDS`] ids (each prompt's ids counted once, however many boundaries share them)
 //! or [`GENERATION_BOUNDARIES`] boundaries (each an entry and 16 bytes in its prompt), then becomes
 //! the old one, dropping the previous old. So at most 2 × 4 Mi ids (32 MiB) and 2 × 32 Ki entries
-//! (about 4 MiB with their maps) are held; a prompt over [`MAX_PROMPT_IDS`] is not kept at all.
+//! (a few MiB with their maps) are held; a prompt over [`MAX_PROMPT_IDS`] is not kept at all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -179,7 +179,9 @@ impl PrefixCache {
             }
         }
         let prompt = Arc::new(Prompt { ids: ids.into(), kept: kept.into() });
-        self.gens.lock().unwrap_or_else(|e| e.into_inner()).insert(prompt, &keys);
+        let dropped = self.gens.lock().unwrap_or_else(|e| e.into_inner()).insert(prompt, &keys);
+        // Freed after the lock: a dropped generation can hold thousands of prompts.
+        drop(dropped);
     }
 
     #[cfg(test)]
@@ -198,12 +200,14 @@ impl Generations {
         self.new.get(&b.key).and_then(|e| found(e, true)).or_else(|| self.old.get(&b.key).and_then(|e| found(e, false)))
     }
 
-    /// Registers `prompt` under `keys` (one per kept boundary), all in one generation.
-    fn insert(&mut self, prompt: Arc<Prompt>, keys: &[u128]) {
+    /// Registers `prompt` under `keys` (one per kept boundary), all in one generation; returns the
+    /// generation this dropped (empty if none).
+    fn insert(&mut self, prompt: Arc<Prompt>, keys: &[u128]) -> HashMap<u128, Entry> {
         let full = self.new_ids + prompt.ids.len() > GENERATION_IDS
             || self.new_boundaries + keys.len() > GENERATION_BOUNDARIES;
+        let mut dropped = HashMap::new();
         if full {
-            self.old = std::mem::take(&mut self.new);
+            dropped = std::mem::replace(&mut self.old, std::mem::take(&mut self.new));
             self.new_ids = 0;
             self.new_boundaries = 0;
         }
@@ -212,6 +216,7 @@ impl Generations {
         for (at, &key) in keys.iter().enumerate() {
             self.new.insert(key, Entry { prompt: prompt.clone(), at });
         }
+        dropped
     }
 }
 
