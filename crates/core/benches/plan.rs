@@ -4,7 +4,7 @@
 //! text, repeated (cache hit) and unique (a new user turn every iteration, so the cache cannot help),
 //! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline; and
 //! the next turn of a multi-turn conversation (history resent plus one new ~200-token user turn, the load
-//! generator's `multi-turn` shape), with and without the prefix cache.
+//! generator's `multi-turn` shape), planned and tokenized only, with and without the prefix cache.
 
 use std::borrow::Cow;
 use std::hint::black_box;
@@ -183,6 +183,30 @@ fn bench_multi_turn(c: &mut Criterion) {
                     next
                 },
                 |body| plan(&model, &body),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+
+    // The tokenization step alone, on the same turns rendered (untimed).
+    let render = |model: &PromptModel, body: &[u8]| {
+        model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap()
+    };
+    let mut group = c.benchmark_group("encode_chat_multi_turn");
+    group.throughput(Throughput::Elements(tokens));
+    for (label, model) in [("prefix_reuse", model.clone()), ("segment_cache_only", model.without_prefix_reuse())] {
+        let mut r = corpus::Rng::new(0x3002);
+        let mut n = 0u64;
+        group.bench_function(label, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let (previous, next) = next_turn(&mut r, n);
+                    model.encode(&render(&model, &previous)).unwrap();
+                    render(&model, &next)
+                },
+                |text| black_box(model.encode(black_box(&text)).unwrap()),
                 BatchSize::SmallInput,
             )
         });
