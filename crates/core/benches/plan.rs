@@ -214,5 +214,41 @@ fn bench_multi_turn(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_unique, bench_multi_turn);
+/// The tokenization step on the next turn with and without the prefix cache, interleaved turn by turn
+/// (the order alternating) so that a shared machine's load drifts alike for both; prints the medians.
+/// Runs only with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's filter does not reach it).
+fn bench_multi_turn_interleaved(_: &mut Criterion) {
+    if std::env::var_os("MMROUTER_BENCH_INTERLEAVED").is_none() {
+        return;
+    }
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let models = [model.with_overrides(None, None).unwrap(), model.without_prefix_reuse()];
+    let mut micros: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut r = corpus::Rng::new(0x3003);
+    for n in 0..3000usize {
+        let (previous, next) = next_turn(&mut r, n as u64);
+        let render = |body: &[u8]| {
+            model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap()
+        };
+        let (previous, next) = (render(&previous), render(&next));
+        for k in [n % 2, 1 - n % 2] {
+            models[k].encode(&previous).unwrap();
+            let start = std::time::Instant::now();
+            black_box(models[k].encode(black_box(&next)).unwrap());
+            micros[k].push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (with, without) = (median(&mut micros[0]), median(&mut micros[1]));
+    eprintln!(
+        "encode_chat_multi_turn interleaved (3000 turns): prefix_reuse {with:.1} µs, segment_cache_only \
+         {without:.1} µs (median); segment_cache_only / prefix_reuse = {:.3}",
+        without / with
+    );
+}
+
+criterion_group!(benches, bench, bench_unique, bench_multi_turn, bench_multi_turn_interleaved);
 criterion_main!(benches);
