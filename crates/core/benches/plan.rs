@@ -137,12 +137,12 @@ const SHORT_TURN_BYTES: usize = 400;
 /// User turns before the planned one (the load generator's conversations have 8 turns).
 const HISTORY_TURNS: usize = 7;
 
-/// The requests of turns `HISTORY_TURNS` and `HISTORY_TURNS + 1` of a conversation never seen before:
-/// the history (a shared system prompt, user turns and replies) plus one new user turn each.
-fn next_turn(r: &mut corpus::Rng, n: u64) -> (Vec<u8>, Vec<u8>) {
+/// The requests of turns `history` and `history + 1` of a conversation never seen before: the history
+/// (a shared system prompt, user turns and replies) plus one new user turn each.
+fn next_turn(r: &mut corpus::Rng, n: u64, history: usize) -> (Vec<u8>, Vec<u8>) {
     let mut turn = || corpus::document(r, SHORT_TURN_BYTES, corpus::Mix::Realistic);
     let mut messages = vec![serde_json::json!({"role": "system", "content": "You are a careful assistant."})];
-    for i in 0..HISTORY_TURNS {
+    for i in 0..history {
         if i > 0 {
             messages.push(serde_json::json!({"role": "assistant", "content": turn()}));
         }
@@ -162,7 +162,7 @@ fn bench_multi_turn(c: &mut Criterion) {
         let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
         black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
     };
-    let (_, sample) = next_turn(&mut corpus::Rng::new(0x3000), 0);
+    let (_, sample) = next_turn(&mut corpus::Rng::new(0x3000), 0, HISTORY_TURNS);
     let tokens = tokenize_chat(&model, &Request::parse(Endpoint::Chat, &sample).unwrap(), PAD, &Default::default());
     let tokens = tokens.unwrap().ids.len() as u64;
     eprintln!("plan_chat_multi_turn: {tokens} prompt tokens per request");
@@ -178,7 +178,7 @@ fn bench_multi_turn(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     n += 1;
-                    let (previous, next) = next_turn(&mut r, n);
+                    let (previous, next) = next_turn(&mut r, n, HISTORY_TURNS);
                     plan(&model, &previous);
                     next
                 },
@@ -202,7 +202,7 @@ fn bench_multi_turn(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     n += 1;
-                    let (previous, next) = next_turn(&mut r, n);
+                    let (previous, next) = next_turn(&mut r, n, HISTORY_TURNS);
                     model.encode(&render(&model, &previous)).unwrap();
                     render(&model, &next)
                 },
@@ -215,18 +215,26 @@ fn bench_multi_turn(c: &mut Criterion) {
 }
 
 /// The tokenization step on the next turn with and without the prefix cache, interleaved turn by turn
-/// (the order alternating) so that a shared machine's load drifts alike for both; prints the medians.
-/// Runs only with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's filter does not reach it).
+/// (the order alternating) so that a shared machine's load drifts alike for both; prints the medians,
+/// for conversations of 8 and of 32 turns. Runs only with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's
+/// filter does not reach it).
 fn bench_multi_turn_interleaved(_: &mut Criterion) {
     if std::env::var_os("MMROUTER_BENCH_INTERLEAVED").is_none() {
         return;
     }
+    for history in [HISTORY_TURNS, 31] {
+        interleaved(history, 3000);
+    }
+}
+
+fn interleaved(history: usize, turns: usize) {
     let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
     let models = [model.with_overrides(None, None).unwrap(), model.without_prefix_reuse()];
     let mut micros: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut r = corpus::Rng::new(0x3003);
-    for n in 0..3000usize {
-        let (previous, next) = next_turn(&mut r, n as u64);
+    let mut tokens = 0;
+    for n in 0..turns {
+        let (previous, next) = next_turn(&mut r, n as u64, history);
         let render = |body: &[u8]| {
             model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap()
         };
@@ -234,7 +242,7 @@ fn bench_multi_turn_interleaved(_: &mut Criterion) {
         for k in [n % 2, 1 - n % 2] {
             models[k].encode(&previous).unwrap();
             let start = std::time::Instant::now();
-            black_box(models[k].encode(black_box(&next)).unwrap());
+            tokens += black_box(models[k].encode(black_box(&next)).unwrap()).len();
             micros[k].push(start.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -244,8 +252,9 @@ fn bench_multi_turn_interleaved(_: &mut Criterion) {
     };
     let (with, without) = (median(&mut micros[0]), median(&mut micros[1]));
     eprintln!(
-        "encode_chat_multi_turn interleaved (3000 turns): prefix_reuse {with:.1} µs, segment_cache_only \
-         {without:.1} µs (median); segment_cache_only / prefix_reuse = {:.3}",
+        "encode_chat_multi_turn interleaved ({turns} turns after {history}, {} tokens): prefix_reuse {with:.1} µs, \
+         segment_cache_only {without:.1} µs (median); segment_cache_only / prefix_reuse = {:.3}",
+        tokens / (2 * turns),
         without / with
     );
 }

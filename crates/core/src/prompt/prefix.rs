@@ -11,14 +11,19 @@
 //! Boundaries are the ends of runs of adjacent added tokens (an image's thousands of `<|image_pad|>`
 //! count once), from [`MIN_PREFIX_BYTES`] on, the last [`MAX_BOUNDARIES`] of a text. The longest
 //! common one need not be the previous prompt's last: Qwen3's template drops the reasoning of earlier
-//! assistant turns once a new user turn comes, so the prefix can end turns before. A prompt that reuses
-//! a prefix registers the reused boundaries again, pointing at itself, so they age with the
-//! conversation rather than with the turn that first encoded them.
+//! assistant turns once a new user turn comes, so the prefix can end turns before. So a prompt keeps
+//! every boundary, those of the prefix it reused too, but registers (adds entries for) only the ones
+//! after that prefix when the prefix was found in the current generation: every boundary a prompt of
+//! the current generation keeps has its entry there (by induction on this rule). A prefix found in the
+//! old generation is registered whole again, so a conversation's boundaries age with the conversation,
+//! not with the turn that first encoded them. Each entry touched is a likely cache miss in a large
+//! map, so registering only new boundaries is what keeps a hit cheaper than the segment cache's
+//! piece-by-piece lookups.
 //!
 //! Memory is bounded as in the segment cache: two generations; a generation takes prompts until it
 //! holds [`GENERATION_IDS`] ids (each prompt's ids counted once, however many boundaries share them)
-//! or [`GENERATION_BOUNDARIES`] boundaries (each an entry and 16 bytes in its prompt), then becomes
-//! the old one, dropping the previous old. So at most 2 × 4 Mi ids (32 MiB) and 2 × 32 Ki entries
+//! or [`GENERATION_BOUNDARIES`] kept boundaries (each 16 bytes in its prompt, and at most one entry),
+//! then becomes the old one, dropping the previous old. So at most 2 × 4 Mi ids (32 MiB) and 2 × 32 Ki entries
 //! (a few MiB with their maps) are held; a prompt over [`MAX_PROMPT_IDS`] is not kept at all.
 
 use std::collections::HashMap;
@@ -52,19 +57,22 @@ pub(crate) struct Boundary {
     pub bytes: usize,
     pub span: usize,
     key: u128,
+    /// How many ids the text before it encodes to, once the encoder has passed it.
+    pub ids: usize,
 }
 
-/// A kept boundary: the bytes of text before it and how many ids they encode to.
+/// A kept boundary: the bytes of text before it, how many ids they encode to, and its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Kept {
     bytes: usize,
     ids: usize,
+    key: u128,
 }
 
 /// One encoded prompt, shared by all its entries.
 struct Prompt {
     ids: Box<[u32]>,
-    /// Its registered boundaries, ascending.
+    /// Its boundaries (those of the prefix it reused included), ascending.
     kept: Box<[Kept]>,
 }
 
@@ -80,6 +88,8 @@ pub(crate) struct Hit {
     at: usize,
     /// Index of the boundary in the text's [`boundaries`].
     pub boundary: usize,
+    /// The generation it was found in.
+    epoch: u64,
     /// Found in the newer generation (so re-registering its boundaries would change nothing).
     fresh: bool,
 }
@@ -106,18 +116,19 @@ impl Hit {
 /// with its key: one streaming xxh3 pass up to the last one.
 pub(crate) fn boundaries(text: &str, spans: &[Span]) -> Vec<Boundary> {
     let run_end = |i: usize| spans.get(i + 1).is_none_or(|next| next.start != spans[i].end);
-    let ends: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].end >= MIN_PREFIX_BYTES && run_end(i)).collect();
+    let mut out: Vec<Boundary> = (0..spans.len())
+        .filter(|&i| spans[i].end >= MIN_PREFIX_BYTES && run_end(i))
+        .map(|span| Boundary { bytes: spans[span].end, span, key: 0, ids: 0 })
+        .collect();
+    out.drain(..out.len().saturating_sub(MAX_BOUNDARIES));
     let mut hasher = Xxh3Default::new();
     let mut hashed = 0;
-    let last = &ends[ends.len().saturating_sub(MAX_BOUNDARIES)..];
-    last.iter()
-        .map(|&span| {
-            let bytes = spans[span].end;
-            hasher.update(&text.as_bytes()[hashed..bytes]);
-            hashed = bytes;
-            Boundary { bytes, span, key: hasher.digest128() }
-        })
-        .collect()
+    for b in &mut out {
+        hasher.update(&text.as_bytes()[hashed..b.bytes]);
+        hashed = b.bytes;
+        b.key = hasher.digest128();
+    }
+    out
 }
 
 /// Encoded prompts by their boundaries' keys; see the module docs.
@@ -136,8 +147,10 @@ struct Generations {
     old: HashMap<u128, Entry>,
     /// Ids of the prompts registered in `new` (each once).
     new_ids: usize,
-    /// Boundaries registered in `new` (an entry each, replaced ones included).
+    /// Boundaries kept by the prompts in `new` (its entries are at most as many).
     new_boundaries: usize,
+    /// `new`'s number: one more at each rotation.
+    epoch: u64,
 }
 
 impl PrefixCache {
@@ -152,34 +165,27 @@ impl PrefixCache {
         hit
     }
 
-    /// Keeps `ids`, the encoding of the text whose boundaries are `boundaries`, found with `hit`;
-    /// `ids_after(span)` is how many ids precede the end of `spans[span]`, for each span after the hit's
-    /// prefix (those within it are the hit prompt's). One lock.
-    pub(crate) fn insert(
-        &self,
-        ids: &[u32],
-        boundaries: &[Boundary],
-        hit: Option<&Hit>,
-        ids_after: impl Fn(usize) -> usize,
-    ) {
+    /// Keeps `ids`, the encoding of the text whose boundaries are `boundaries` (their `ids` set after
+    /// `hit`'s prefix; within it they are the hit prompt's). One lock.
+    pub(crate) fn insert(&self, ids: &[u32], boundaries: &[Boundary], hit: Option<&Hit>) {
         let nothing_new = hit.is_some_and(|h| h.fresh && h.boundary + 1 == boundaries.len());
         if nothing_new || boundaries.is_empty() || ids.len() > MAX_PROMPT_IDS {
             return;
         }
         let prefix = hit.map_or(0, Hit::bytes);
-        let mut keys = Vec::with_capacity(boundaries.len());
         let mut kept = Vec::with_capacity(boundaries.len());
         for b in boundaries {
             // A boundary inside the prefix the hit prompt did not keep has no known count: skipped.
-            let count =
-                if b.bytes <= prefix { hit.and_then(|h| h.ids_before(b.bytes)) } else { Some(ids_after(b.span)) };
-            if let Some(count) = count {
-                keys.push(b.key);
-                kept.push(Kept { bytes: b.bytes, ids: count });
+            let count = if b.bytes <= prefix { hit.and_then(|h| h.ids_before(b.bytes)) } else { Some(b.ids) };
+            if let Some(ids) = count {
+                kept.push(Kept { bytes: b.bytes, ids, key: b.key });
             }
         }
+        let inherited = kept.iter().take_while(|k| k.bytes <= prefix).count();
         let prompt = Arc::new(Prompt { ids: ids.into(), kept: kept.into() });
-        let dropped = self.gens.lock().unwrap_or_else(|e| e.into_inner()).insert(prompt, &keys);
+        let mut gens = self.gens.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = gens.insert(prompt, inherited, hit.map(|h| h.epoch));
+        drop(gens);
         // Freed after the lock: a dropped generation can hold thousands of prompts.
         drop(dropped);
     }
@@ -193,30 +199,39 @@ impl PrefixCache {
 impl Generations {
     /// The entry for boundary `b` (the text's `index`-th), if one of the same length is kept.
     fn find(&self, b: &Boundary, index: usize) -> Option<Hit> {
-        let found = |e: &Entry, fresh| {
-            let hit = Hit { prompt: e.prompt.clone(), at: e.at, boundary: index, fresh };
+        let found = |e: &Entry, fresh: bool| {
+            let epoch = if fresh { self.epoch } else { self.epoch.wrapping_sub(1) };
+            let hit = Hit { prompt: e.prompt.clone(), at: e.at, boundary: index, epoch, fresh };
             (hit.bytes() == b.bytes).then_some(hit)
         };
         self.new.get(&b.key).and_then(|e| found(e, true)).or_else(|| self.old.get(&b.key).and_then(|e| found(e, false)))
     }
 
-    /// Registers `prompt` under `keys` (one per kept boundary), all in one generation; returns the
-    /// generation this dropped (empty if none).
-    fn insert(&mut self, prompt: Arc<Prompt>, keys: &[u128]) -> HashMap<u128, Entry> {
-        let full = self.new_ids + prompt.ids.len() > GENERATION_IDS
-            || self.new_boundaries + keys.len() > GENERATION_BOUNDARIES;
-        let mut dropped = HashMap::new();
-        if full {
-            dropped = std::mem::replace(&mut self.old, std::mem::take(&mut self.new));
-            self.new_ids = 0;
-            self.new_boundaries = 0;
-        }
+    /// Keeps `prompt` (the first `inherited` of its boundaries from the prefix found in generation
+    /// `hit_epoch`) in `new`: registers its boundaries after that prefix, and the inherited ones too
+    /// unless that prefix's generation is still `new`. Returns the generation this dropped (empty if
+    /// none).
+    fn insert(&mut self, prompt: Arc<Prompt>, inherited: usize, hit_epoch: Option<u64>) -> HashMap<u128, Entry> {
+        let dropped = self.make_room(prompt.ids.len(), prompt.kept.len());
+        let from = if hit_epoch == Some(self.epoch) { inherited } else { 0 };
         self.new_ids += prompt.ids.len();
-        self.new_boundaries += keys.len();
-        for (at, &key) in keys.iter().enumerate() {
-            self.new.insert(key, Entry { prompt: prompt.clone(), at });
+        self.new_boundaries += prompt.kept.len();
+        for (at, k) in prompt.kept.iter().enumerate().skip(from) {
+            self.new.insert(k.key, Entry { prompt: prompt.clone(), at });
         }
         dropped
+    }
+
+    /// Rotates the generations if `new` cannot take a prompt of `ids` ids and `kept` boundaries;
+    /// returns the generation dropped (empty if none).
+    fn make_room(&mut self, ids: usize, kept: usize) -> HashMap<u128, Entry> {
+        if self.new_ids + ids <= GENERATION_IDS && self.new_boundaries + kept <= GENERATION_BOUNDARIES {
+            return HashMap::new();
+        }
+        self.new_ids = 0;
+        self.new_boundaries = 0;
+        self.epoch = self.epoch.wrapping_add(1);
+        std::mem::replace(&mut self.old, std::mem::take(&mut self.new))
     }
 }
 
@@ -224,9 +239,10 @@ impl Generations {
 mod tests {
     use super::*;
 
-    fn prompt(ids: usize, kept: usize) -> Arc<Prompt> {
-        let kept = (0..kept).map(|i| Kept { bytes: MIN_PREFIX_BYTES + i, ids: i.min(ids) }).collect();
-        Arc::new(Prompt { ids: vec![7u32; ids].into(), kept })
+    /// A prompt of `ids` ids whose boundaries have the keys `keys`.
+    fn prompt(ids: usize, keys: &[u128]) -> Arc<Prompt> {
+        let kept = keys.iter().enumerate().map(|(i, &key)| Kept { bytes: MIN_PREFIX_BYTES + i, ids: i.min(ids), key });
+        Arc::new(Prompt { ids: vec![7u32; ids].into(), kept: kept.collect() })
     }
 
     /// The ids the generations hold, each prompt once, and their entries.
@@ -253,7 +269,7 @@ mod tests {
                     key
                 })
                 .collect();
-            g.insert(prompt(MAX_PROMPT_IDS, 4), &keys);
+            g.insert(prompt(MAX_PROMPT_IDS, &keys), 0, None);
         }
         let (ids, _) = held(&g);
         assert!(ids <= 2 * GENERATION_IDS, "{ids} ids held");
@@ -274,7 +290,7 @@ mod tests {
                     key
                 })
                 .collect();
-            g.insert(prompt(1000, MAX_BOUNDARIES), &keys);
+            g.insert(prompt(1000, &keys), 0, None);
         }
         let (_, entries) = held(&g);
         assert!(entries <= 2 * GENERATION_BOUNDARIES, "{entries} entries");
@@ -283,16 +299,35 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_from_the_current_generation_adds_only_new_entries_one_from_the_old_all() {
+        let mut g = Generations::default();
+        let (a, b) = (prompt(10, &[1, 2]), prompt(20, &[1, 2, 3]));
+        g.insert(a.clone(), 0, None);
+        // `b` reused `a`'s prefix (its first two boundaries) found in this generation: only key 3 is new.
+        g.insert(b.clone(), 2, Some(g.epoch));
+        assert!(Arc::ptr_eq(&g.new[&2].prompt, &a) && Arc::ptr_eq(&g.new[&3].prompt, &b));
+        // A generation later, a prompt reusing `b`'s prefix (found in the old one) registers it all.
+        drop(g.make_room(GENERATION_IDS, 0));
+        let old_epoch = g.epoch - 1;
+        assert!(g.new.is_empty() && g.old.contains_key(&3));
+        let c = prompt(30, &[1, 2, 3, 4]);
+        g.insert(c.clone(), 3, Some(old_epoch));
+        assert!([1, 2, 3, 4].iter().all(|k| Arc::ptr_eq(&g.new[k].prompt, &c)));
+    }
+
+    #[test]
     fn a_huge_prompt_is_not_kept() {
         let cache = PrefixCache::default();
         let text = "x".repeat(MIN_PREFIX_BYTES);
         let spans = [Span { start: text.len(), end: text.len() + 1, id: 1 }];
         let text = format!("{text}!");
-        let bounds = boundaries(&text, &spans);
+        let mut bounds = boundaries(&text, &spans);
         assert_eq!(bounds.len(), 1);
-        cache.insert(&vec![1; MAX_PROMPT_IDS + 1], &bounds, None, |_| 1);
+        bounds[0].ids = 1;
+        cache.insert(&vec![1; MAX_PROMPT_IDS + 1], &bounds, None);
         assert!(cache.lookup(&bounds).is_none());
-        cache.insert(&[5, 1], &bounds, None, |_| 2);
+        bounds[0].ids = 2;
+        cache.insert(&[5, 1], &bounds, None);
         assert_eq!(cache.lookup(&bounds).unwrap().ids(), [5, 1]);
     }
 

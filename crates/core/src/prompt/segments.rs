@@ -181,19 +181,24 @@ impl SegmentEncoder {
         spans: &[Span],
         mut out: Vec<u32>,
     ) -> tokenizers::Result<Vec<u32>> {
-        let boundaries = prefix::boundaries(text, spans);
+        let mut boundaries = prefix::boundaries(text, spans);
         let hit = self.prefixes.lookup(&boundaries);
-        let (at, first) = match &hit {
+        let (at, mut span, mut next) = match &hit {
             Some(h) => {
                 out.extend_from_slice(h.ids());
-                (h.bytes(), boundaries[h.boundary].span + 1)
+                (h.bytes(), boundaries[h.boundary].span + 1, h.boundary + 1)
             }
-            None => (0, 0),
+            None => (0, 0, 0),
         };
-        // Ids before the end of each span from `first` on: the counts the boundaries after the prefix keep.
-        let mut ids_after = Vec::with_capacity(spans.len() - first);
-        self.encode_spans(tokenizer, text, at, spans[first..].iter().copied(), &mut out, |n| ids_after.push(n))?;
-        self.prefixes.insert(&out, &boundaries, hit.as_ref(), |span| ids_after[span - first]);
+        // Each boundary after the prefix keeps the count of ids before it, for later texts.
+        self.encode_spans(tokenizer, text, at, spans[span..].iter().copied(), &mut out, |ids| {
+            if let Some(b) = boundaries.get_mut(next).filter(|b| b.span == span) {
+                b.ids = ids;
+                next += 1;
+            }
+            span += 1;
+        })?;
+        self.prefixes.insert(&out, &boundaries, hit.as_ref());
         Ok(out)
     }
 
