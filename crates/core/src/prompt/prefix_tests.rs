@@ -150,7 +150,7 @@ fn conversations_fed_turn_by_turn_plan_as_cold() {
     let warm = cold(&PromptModel::bundled("qwen3-vl").unwrap());
     assert!(warm.inner.segments.splits());
     for seed in 0..6 {
-        let requests = conversation(seed, 8, SYSTEM);
+        let requests = conversation(seed, 8, &SYSTEM.repeat(4));
         let hits = check_turns(&warm, &requests, QWEN_PAD, &format!("conversation {seed}"));
         // Every turn after the first starts with the previous one's prompt (the shared system prompt
         // is the first turn's prefix too, once another conversation kept it).
@@ -163,7 +163,7 @@ fn reasoning_dropped_from_earlier_turns_still_reuses_the_common_prefix() {
     let base = PromptModel::bundled("qwen3-vl").unwrap();
     let warm = base.with_overrides(Some(QWEN3_STYLE), None).unwrap();
     for seed in 0..3 {
-        let requests = agent_loop(100 + seed, SYSTEM);
+        let requests = agent_loop(100 + seed, &SYSTEM.repeat(4));
         for request in &requests {
             if let Err(e) = plan(&cold(&warm), request, QWEN_PAD) {
                 panic!("the template renders: {e}");
@@ -214,7 +214,7 @@ fn corpus_chats_fed_turn_by_turn_plan_as_cold() {
         assert!(model.inner.segments.splits(), "{family}");
         models.push((family, model, placeholder));
     }
-    let system = SYSTEM.repeat(3);
+    let system = SYSTEM.repeat(4);
     for (name, model, placeholder) in &models {
         let warm = cold(model);
         let mut hits = 0;
@@ -286,7 +286,7 @@ proptest! {
 fn a_text_extending_an_earlier_one_reuses_its_prefix() {
     let model = cold(&PromptModel::bundled("qwen3-vl").unwrap());
     let tok = model.tokenizer();
-    let turn = |n: usize| format!("<|im_start|>user\n{} {n}<|im_end|>\n", PIECES[8].repeat(4));
+    let turn = |n: usize| format!("<|im_start|>user\n{} {n}<|im_end|>\n", PIECES[8].repeat(16));
     let first = format!("{}{}<|im_start|>assistant\n", turn(1), turn(2));
     let second = format!("{}{}{}<|im_start|>assistant\n", turn(1), turn(2), turn(3));
     // Diverges inside the second turn: the common prefix ends after the first.
@@ -295,5 +295,27 @@ fn a_text_extending_an_earlier_one_reuses_its_prefix() {
         let whole = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
         assert_eq!(model.encode(text).unwrap(), whole);
         assert_eq!(model.inner.segments.prefix_hits(), hits);
+    }
+}
+
+/// An added token that extends another (`<|im_end|>` + more) can match across the end of a kept prefix
+/// in a new text: the prefix reused must end far enough before the checkpoint that the split there
+/// cannot change.
+#[test]
+fn a_longer_added_token_across_the_prefix_end_is_not_cut() {
+    use super::prefix::CHECKPOINT_BYTES;
+    use super::segments::SegmentEncoder;
+    let mut tok = PromptModel::bundled("qwen3-vl").unwrap().tokenizer().clone();
+    tok.add_special_tokens([tokenizers::AddedToken::from("<|im_end|>\n<|im_start|>", true)]).unwrap();
+    let enc = SegmentEncoder::new(&tok, None);
+    assert!(enc.splits());
+    // `<|im_end|>` ends 4 bytes before the first checkpoint, which both texts share; only the second
+    // goes on to complete the longer token.
+    let head = format!("{}<|im_end|>\n<|im_st", "a".repeat(CHECKPOINT_BYTES - 14));
+    let first = format!("{head}{}", "x".repeat(2 * CHECKPOINT_BYTES));
+    let second = format!("{head}art|>{}", "y".repeat(2 * CHECKPOINT_BYTES));
+    for text in [&first, &second] {
+        let whole = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(enc.encode(&tok, text).unwrap(), whole);
     }
 }

@@ -15,7 +15,8 @@
 //!
 //! Before any of that, a prompt that starts with one encoded recently (a conversation's history, up to
 //! an added token) takes that prefix's ids from the prefix cache (`prefix.rs`) in one copy, and only
-//! the rest is split and served as above.
+//! the rest is split and served as above: the history is neither scanned for added tokens nor hashed
+//! piece by piece.
 //!
 //! The split is only reproduced when every added token matches literally (no `lstrip`, `rstrip`,
 //! `single_word` or `normalized`) and the normalizer and pre-tokenizer treat every piece alike; a
@@ -24,13 +25,14 @@
 //! and whole strings are encoded.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use mmrouter_tokenize::FastTokenizer;
 use tokenizers::Tokenizer;
 
-use super::prefix::{self, PrefixCache, Span};
+use super::prefix::{self, Boundary, PrefixCache};
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
 const MIN_CACHED_BYTES: usize = 48;
@@ -154,70 +156,56 @@ impl SegmentEncoder {
         self.prefixes.hits()
     }
 
-    /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache, after the
-    /// longest prefix kept in the prefix cache.
+    /// The ids `tokenizer.encode_fast(text, false)` gives: the longest prefix kept in the prefix cache,
+    /// then the rest served piecewise from the segment cache.
     pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3);
         let Some((ac, ids)) = &self.splitter else {
             self.encode_uncached(tokenizer, text, &mut out)?;
             return Ok(out);
         };
-        let spans =
-            ac.find_iter(text).map(|m| Span { start: m.start(), end: m.end(), id: ids[m.pattern().as_usize()] });
-        if !self.prefix_reuse || text.len() < prefix::MIN_PREFIX_BYTES {
-            self.encode_spans(tokenizer, text, 0, spans, &mut out, |_| {})?;
+        if !self.prefix_reuse || text.len() < prefix::CHECKPOINT_BYTES {
+            self.encode_split(tokenizer, (ac, ids), text, 0, &mut out, |_, _| {})?;
             return Ok(out);
         }
-        let spans: Vec<Span> = spans.collect();
-        self.encode_after_prefix(tokenizer, text, &spans, out)
-    }
-
-    /// [`Self::encode`] through the prefix cache: the longest kept prefix's ids, then the rest of the
-    /// text piecewise; the result is kept for later texts.
-    fn encode_after_prefix(
-        &self,
-        tokenizer: &Tokenizer,
-        text: &str,
-        spans: &[Span],
-        mut out: Vec<u32>,
-    ) -> tokenizers::Result<Vec<u32>> {
-        let mut boundaries = prefix::boundaries(text, spans);
-        let hit = self.prefixes.lookup(&boundaries);
-        let (at, mut span, mut next) = match &hit {
-            Some(h) => {
-                out.extend_from_slice(h.ids());
-                (h.bytes(), boundaries[h.boundary].span + 1, h.boundary + 1)
+        let checkpoints = prefix::checkpoints(text);
+        let hit = self.prefixes.lookup(&checkpoints, ac.max_pattern_len());
+        let mut boundaries = Vec::new();
+        if let Some(h) = &hit {
+            out.extend_from_slice(h.ids());
+            boundaries.extend_from_slice(h.boundaries());
+        }
+        let at = hit.as_ref().map_or(0, prefix::Hit::bytes);
+        self.encode_split(tokenizer, (ac, ids), text, at, &mut out, |span, ids| {
+            // Only the last of adjacent added tokens is kept (an image's run of pads counts once).
+            if boundaries.last().is_some_and(|b| b.bytes == span.start) {
+                boundaries.pop();
             }
-            None => (0, 0, 0),
-        };
-        // Each boundary after the prefix keeps the count of ids before it, for later texts.
-        self.encode_spans(tokenizer, text, at, spans[span..].iter().copied(), &mut out, |ids| {
-            if let Some(b) = boundaries.get_mut(next).filter(|b| b.span == span) {
-                b.ids = ids;
-                next += 1;
-            }
-            span += 1;
+            boundaries.push(Boundary { bytes: span.end, ids });
         })?;
-        self.prefixes.insert(&out, &boundaries, hit.as_ref());
+        self.prefixes.insert(&out, boundaries, &checkpoints, hit.as_ref());
         Ok(out)
     }
 
-    /// Encodes `text[at..]`, whose added-token matches are `spans`, onto `out`; `after_span` gets the
-    /// number of ids in `out` after each span's token.
-    fn encode_spans(
+    /// Splits `text[at..]` (`at` is where a split ends, or 0) at the added tokens and encodes it onto
+    /// `out` piece by piece; `after_token` gets each token's byte range and the number of ids in `out`
+    /// after it.
+    fn encode_split(
         &self,
         tokenizer: &Tokenizer,
+        (ac, ids): (&AhoCorasick, &[u32]),
         text: &str,
         mut at: usize,
-        spans: impl Iterator<Item = Span>,
         out: &mut Vec<u32>,
-        mut after_span: impl FnMut(usize),
+        mut after_token: impl FnMut(Range<usize>, usize),
     ) -> tokenizers::Result<()> {
-        for span in spans {
+        let from = at;
+        for m in ac.find_iter(&text[from..]) {
+            let span = from + m.start()..from + m.end();
             self.encode_piece(tokenizer, &text[at..span.start], out)?;
-            out.push(span.id);
+            out.push(ids[m.pattern().as_usize()]);
             at = span.end;
-            after_span(out.len());
+            after_token(span, out.len());
         }
         self.encode_piece(tokenizer, &text[at..], out)
     }
