@@ -83,7 +83,7 @@ fn bench_unique(c: &mut Criterion) {
     assert!(fast.fast_tokenizer(), "the bundled tokenizer is encoded by mmrouter-tokenize");
     let hf = fast.with_hf_tokenizer_only();
     let chain_seed = seed("qwen3-vl", None, None);
-    let plan = |model: &PromptModel, body: &[u8]| {
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
         let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
         let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
         black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
@@ -157,7 +157,7 @@ fn next_turn(r: &mut corpus::Rng, n: u64, history: usize) -> (Vec<u8>, Vec<u8>) 
 fn bench_multi_turn(c: &mut Criterion) {
     let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
     let chain_seed = seed("qwen3-vl", None, None);
-    let plan = |model: &PromptModel, body: &[u8]| {
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
         let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
         let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
         black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
@@ -214,47 +214,64 @@ fn bench_multi_turn(c: &mut Criterion) {
     group.finish();
 }
 
-/// The tokenization step on the next turn with and without the prefix cache, interleaved turn by turn
-/// (the order alternating) so that a shared machine's load drifts alike for both; prints the medians,
-/// for conversations of 8 and of 32 turns. Runs only with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's
-/// filter does not reach it).
+/// The next turn with and without the prefix cache, interleaved turn by turn (the order alternating)
+/// so that a shared machine's load drifts alike for both: planned (parse, render, tokenize, block
+/// keys) and tokenized only, for conversations of 8 and of 32 turns; prints the medians. Runs only
+/// with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's filter does not reach it).
 fn bench_multi_turn_interleaved(_: &mut Criterion) {
     if std::env::var_os("MMROUTER_BENCH_INTERLEAVED").is_none() {
         return;
     }
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let render =
+        |body: &[u8]| model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap();
+    let chain_seed = seed("qwen3-vl", None, None);
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
+        let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
+        let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed)).len()
+    };
     for history in [HISTORY_TURNS, 31] {
-        interleaved(history, 3000);
+        interleaved("plan_chat_multi_turn", history, |r, n| next_turn(r, n, history), plan);
+        let encode = |model: &PromptModel, text: &String| model.encode(black_box(text)).unwrap().len();
+        let turn = |r: &mut corpus::Rng, n| {
+            let (previous, next) = next_turn(r, n, history);
+            (render(&previous), render(&next))
+        };
+        interleaved("encode_chat_multi_turn", history, turn, encode);
     }
 }
 
-fn interleaved(history: usize, turns: usize) {
+/// Times `step` on the next turn (after the previous one, untimed) with a fresh model with and one
+/// without the prefix cache, alternating which goes first; prints the medians.
+fn interleaved<T>(
+    name: &str,
+    history: usize,
+    mut turn: impl FnMut(&mut corpus::Rng, u64) -> (T, T),
+    step: impl Fn(&PromptModel, &T) -> usize,
+) {
+    const TURNS: usize = 3000;
     let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
     let models = [model.with_overrides(None, None).unwrap(), model.without_prefix_reuse()];
     let mut micros: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut r = corpus::Rng::new(0x3003);
-    let mut tokens = 0;
-    for n in 0..turns {
-        let (previous, next) = next_turn(&mut r, n as u64, history);
-        let render = |body: &[u8]| {
-            model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap()
-        };
-        let (previous, next) = (render(&previous), render(&next));
+    for n in 0..TURNS {
+        let (previous, next) = turn(&mut r, n as u64);
         for k in [n % 2, 1 - n % 2] {
-            models[k].encode(&previous).unwrap();
+            step(&models[k], &previous);
             let start = std::time::Instant::now();
-            tokens += black_box(models[k].encode(black_box(&next)).unwrap()).len();
+            black_box(step(&models[k], &next));
             micros[k].push(start.elapsed().as_secs_f64() * 1e6);
         }
     }
-    let median = |v: &mut Vec<f64>| {
+    let [with, without] = micros.map(|mut v| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
-    };
-    let (with, without) = (median(&mut micros[0]), median(&mut micros[1]));
+    });
     eprintln!(
-        "encode_chat_multi_turn interleaved ({turns} turns after {history}, {} tokens): prefix_reuse {with:.1} µs, \
-         segment_cache_only {without:.1} µs (median); segment_cache_only / prefix_reuse = {:.3}",
-        tokens / (2 * turns),
+        "{name} interleaved ({TURNS} conversations, turn {}): prefix_reuse {with:.1} µs, segment_cache_only \
+         {without:.1} µs (medians); segment_cache_only / prefix_reuse = {:.3}",
+        history + 1,
         without / with
     );
 }
