@@ -2,7 +2,9 @@
 //! ~150 KB data-URL image and a few hundred words (the same request every iteration: a segment-cache
 //! hit); block keys alone for a 4k-token prompt; and a text-only chat of ~2 000 tokens of multilingual
 //! text, repeated (cache hit) and unique (a new user turn every iteration, so the cache cannot help),
-//! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline.
+//! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline; and
+//! the next turn of a multi-turn conversation (history resent plus one new ~200-token user turn, the load
+//! generator's `multi-turn` shape), planned and tokenized only, with and without the prefix cache.
 
 use std::borrow::Cow;
 use std::hint::black_box;
@@ -81,7 +83,7 @@ fn bench_unique(c: &mut Criterion) {
     assert!(fast.fast_tokenizer(), "the bundled tokenizer is encoded by mmrouter-tokenize");
     let hf = fast.with_hf_tokenizer_only();
     let chain_seed = seed("qwen3-vl", None, None);
-    let plan = |model: &PromptModel, body: &[u8]| {
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
         let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
         let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
         black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
@@ -130,5 +132,149 @@ fn bench_unique(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_unique);
+/// A user or assistant turn of the multi-turn shape: ~200 tokens of the realistic mix.
+const SHORT_TURN_BYTES: usize = 400;
+/// User turns before the planned one (the load generator's conversations have 8 turns).
+const HISTORY_TURNS: usize = 7;
+
+/// The requests of turns `history` and `history + 1` of a conversation never seen before: the history
+/// (a shared system prompt, user turns and replies) plus one new user turn each.
+fn next_turn(r: &mut corpus::Rng, n: u64, history: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut turn = || corpus::document(r, SHORT_TURN_BYTES, corpus::Mix::Realistic);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 0..history {
+        if i > 0 {
+            messages.push(serde_json::json!({"role": "assistant", "content": turn()}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": format!("{n} {}", turn())}));
+    }
+    let previous = serde_json::to_vec(&serde_json::json!({"model": "qwen3-vl", "messages": messages})).unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": turn()}));
+    messages.push(serde_json::json!({"role": "user", "content": turn()}));
+    (previous, serde_json::to_vec(&serde_json::json!({"model": "qwen3-vl", "messages": messages})).unwrap())
+}
+
+fn bench_multi_turn(c: &mut Criterion) {
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let chain_seed = seed("qwen3-vl", None, None);
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
+        let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
+        let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed))
+    };
+    let (_, sample) = next_turn(&mut corpus::Rng::new(0x3000), 0, HISTORY_TURNS);
+    let tokens = tokenize_chat(&model, &Request::parse(Endpoint::Chat, &sample).unwrap(), PAD, &Default::default());
+    let tokens = tokens.unwrap().ids.len() as u64;
+    eprintln!("plan_chat_multi_turn: {tokens} prompt tokens per request");
+
+    // Each iteration plans a conversation's next turn; the previous turn was planned first (untimed),
+    // as the router planned it when the client sent it.
+    let mut group = c.benchmark_group("plan_chat_multi_turn");
+    group.throughput(Throughput::Elements(tokens));
+    for (label, model) in [("prefix_reuse", model.clone()), ("segment_cache_only", model.without_prefix_reuse())] {
+        let mut r = corpus::Rng::new(0x3001);
+        let mut n = 0u64;
+        group.bench_function(label, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let (previous, next) = next_turn(&mut r, n, HISTORY_TURNS);
+                    plan(&model, &previous);
+                    next
+                },
+                |body| plan(&model, &body),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+
+    // The tokenization step alone, on the same turns rendered (untimed).
+    let render = |model: &PromptModel, body: &[u8]| {
+        model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap()
+    };
+    let mut group = c.benchmark_group("encode_chat_multi_turn");
+    group.throughput(Throughput::Elements(tokens));
+    for (label, model) in [("prefix_reuse", model.clone()), ("segment_cache_only", model.without_prefix_reuse())] {
+        let mut r = corpus::Rng::new(0x3002);
+        let mut n = 0u64;
+        group.bench_function(label, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let (previous, next) = next_turn(&mut r, n, HISTORY_TURNS);
+                    model.encode(&render(&model, &previous)).unwrap();
+                    render(&model, &next)
+                },
+                |text| black_box(model.encode(black_box(&text)).unwrap()),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+/// The next turn with and without the prefix cache, interleaved turn by turn (the order alternating)
+/// so that a shared machine's load drifts alike for both: planned (parse, render, tokenize, block
+/// keys) and tokenized only, for conversations of 8 and of 32 turns; prints the medians. Runs only
+/// with `MMROUTER_BENCH_INTERLEAVED=1` (criterion's filter does not reach it).
+fn bench_multi_turn_interleaved(_: &mut Criterion) {
+    if std::env::var_os("MMROUTER_BENCH_INTERLEAVED").is_none() {
+        return;
+    }
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let render =
+        |body: &[u8]| model.render_chat(&Request::parse(Endpoint::Chat, body).unwrap(), &Default::default()).unwrap();
+    let chain_seed = seed("qwen3-vl", None, None);
+    let plan = |model: &PromptModel, body: &Vec<u8>| {
+        let parsed = Request::parse(Endpoint::Chat, black_box(body)).expect("parse");
+        let tokens = tokenize_chat(model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed)).len()
+    };
+    for history in [HISTORY_TURNS, 31] {
+        interleaved("plan_chat_multi_turn", history, |r, n| next_turn(r, n, history), plan);
+        let encode = |model: &PromptModel, text: &String| model.encode(black_box(text)).unwrap().len();
+        let turn = |r: &mut corpus::Rng, n| {
+            let (previous, next) = next_turn(r, n, history);
+            (render(&previous), render(&next))
+        };
+        interleaved("encode_chat_multi_turn", history, turn, encode);
+    }
+}
+
+/// Times `step` on the next turn (after the previous one, untimed) with a fresh model with and one
+/// without the prefix cache, alternating which goes first; prints the medians.
+fn interleaved<T>(
+    name: &str,
+    history: usize,
+    mut turn: impl FnMut(&mut corpus::Rng, u64) -> (T, T),
+    step: impl Fn(&PromptModel, &T) -> usize,
+) {
+    const TURNS: usize = 3000;
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let models = [model.with_overrides(None, None).unwrap(), model.without_prefix_reuse()];
+    let mut micros: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut r = corpus::Rng::new(0x3003);
+    for n in 0..TURNS {
+        let (previous, next) = turn(&mut r, n as u64);
+        for k in [n % 2, 1 - n % 2] {
+            step(&models[k], &previous);
+            let start = std::time::Instant::now();
+            black_box(step(&models[k], &next));
+            micros[k].push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let [with, without] = micros.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+    eprintln!(
+        "{name} interleaved ({TURNS} conversations, turn {}): prefix_reuse {with:.1} µs, segment_cache_only \
+         {without:.1} µs (medians); segment_cache_only / prefix_reuse = {:.3}",
+        history + 1,
+        without / with
+    );
+}
+
+criterion_group!(benches, bench, bench_unique, bench_multi_turn, bench_multi_turn_interleaved);
 criterion_main!(benches);

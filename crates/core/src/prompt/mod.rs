@@ -10,6 +10,9 @@ mod env;
 mod error;
 mod format;
 mod mistral;
+mod prefix;
+#[cfg(test)]
+mod prefix_tests;
 mod pyjson;
 mod segments;
 
@@ -364,6 +367,26 @@ impl PromptModel {
             inner: Arc::new(Inner {
                 tokenizer: inner.tokenizer.clone(),
                 segments: segments::SegmentEncoder::new(&inner.tokenizer, None),
+                specials_inert: inner.specials_inert,
+                env: inner.env.clone(),
+                templates: inner.templates.clone(),
+                special_tokens: inner.special_tokens.clone(),
+                forced_format: inner.forced_format,
+            }),
+            mistral: self.mistral.clone(),
+        }
+    }
+
+    /// The same model without reuse of earlier prompts' prefixes (each text is split and served piece by
+    /// piece from the segment cache), for comparisons in benchmarks. Its ids are the same.
+    #[doc(hidden)]
+    pub fn without_prefix_reuse(&self) -> PromptModel {
+        let inner = &self.inner;
+        PromptModel {
+            inner: Arc::new(Inner {
+                tokenizer: inner.tokenizer.clone(),
+                segments: segments::SegmentEncoder::new(&inner.tokenizer, inner.segments.fast().cloned())
+                    .without_prefix_reuse(),
                 specials_inert: inner.specials_inert,
                 env: inner.env.clone(),
                 templates: inner.templates.clone(),

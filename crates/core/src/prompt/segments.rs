@@ -13,18 +13,26 @@
 //! and a miss adds that same hash and copy, about 1 % of encoding the piece (a 6.5 KB turn: ~1 µs
 //! against ~200 µs). See `docs/benchmarks.md`, "Tokenization on new text".
 //!
+//! Before any of that, a prompt that starts with one encoded recently (a conversation's history, up to
+//! an added token) takes that prefix's ids from the prefix cache (`prefix.rs`) in one copy, and only
+//! the rest is split and served as above: the history is neither scanned for added tokens nor hashed
+//! piece by piece.
+//!
 //! The split is only reproduced when every added token matches literally (no `lstrip`, `rstrip`,
 //! `single_word` or `normalized`) and the normalizer and pre-tokenizer treat every piece alike; a
 //! tokenizer that prepends a word marker to the *first* piece only (SentencePiece-style `Prepend` /
-//! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those the cache is off
+//! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those both caches are off
 //! and whole strings are encoded.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use mmrouter_tokenize::FastTokenizer;
 use tokenizers::Tokenizer;
+
+use super::prefix::{self, Boundary, PrefixCache};
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
 const MIN_CACHED_BYTES: usize = 48;
@@ -43,6 +51,10 @@ pub(crate) struct SegmentEncoder {
     /// The fast encoder, when it accepted the model's `tokenizer.json`; its ids equal `tokenizers'`.
     fast: Option<Arc<FastTokenizer>>,
     cache: Mutex<Generations>,
+    /// Whole prompts by their boundary prefixes (used only with `splitter`, as `cache`).
+    prefixes: PrefixCache,
+    /// Off only to measure what the prefix cache saves.
+    prefix_reuse: bool,
 }
 
 /// A two-generation cache: lookups promote from `old` to `new`; when `new` fills up it becomes `old`
@@ -104,7 +116,18 @@ impl SegmentEncoder {
                 Some((ac, tokens.iter().map(|(id, _)| **id).collect()))
             })
             .flatten();
-        SegmentEncoder { splitter, fast, cache: Mutex::new(Generations::default()) }
+        SegmentEncoder {
+            splitter,
+            fast,
+            cache: Mutex::new(Generations::default()),
+            prefixes: PrefixCache::default(),
+            prefix_reuse: true,
+        }
+    }
+
+    /// The encoder without the prefix cache, to measure what it saves.
+    pub(crate) fn without_prefix_reuse(self) -> SegmentEncoder {
+        SegmentEncoder { prefix_reuse: false, ..self }
     }
 
     /// The fast encoder, if the model's tokenizer is one it reproduces.
@@ -127,21 +150,64 @@ impl SegmentEncoder {
         self.splitter.is_some()
     }
 
-    /// The ids `tokenizer.encode_fast(text, false)` gives, served piecewise from the cache.
+    /// Encodes that reused a kept prefix.
+    #[cfg(test)]
+    pub(crate) fn prefix_hits(&self) -> usize {
+        self.prefixes.hits()
+    }
+
+    /// The ids `tokenizer.encode_fast(text, false)` gives: the longest prefix kept in the prefix cache,
+    /// then the rest served piecewise from the segment cache.
     pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3);
         let Some((ac, ids)) = &self.splitter else {
             self.encode_uncached(tokenizer, text, &mut out)?;
             return Ok(out);
         };
-        let mut at = 0;
-        for m in ac.find_iter(text) {
-            self.encode_piece(tokenizer, &text[at..m.start()], &mut out)?;
-            out.push(ids[m.pattern().as_usize()]);
-            at = m.end();
+        if !self.prefix_reuse || text.len() < prefix::CHECKPOINT_BYTES {
+            self.encode_split(tokenizer, (ac, ids), text, 0, &mut out, |_, _| {})?;
+            return Ok(out);
         }
-        self.encode_piece(tokenizer, &text[at..], &mut out)?;
+        let checkpoints = prefix::checkpoints(text);
+        let hit = self.prefixes.lookup(&checkpoints, ac.max_pattern_len());
+        let mut boundaries = Vec::new();
+        if let Some(h) = &hit {
+            out.extend_from_slice(h.ids());
+            boundaries.extend_from_slice(h.boundaries());
+        }
+        let at = hit.as_ref().map_or(0, prefix::Hit::bytes);
+        self.encode_split(tokenizer, (ac, ids), text, at, &mut out, |span, ids| {
+            // Only the last of adjacent added tokens is kept (an image's run of pads counts once).
+            if boundaries.last().is_some_and(|b| b.bytes == span.start) {
+                boundaries.pop();
+            }
+            boundaries.push(Boundary { bytes: span.end, ids });
+        })?;
+        self.prefixes.insert(&out, boundaries, &checkpoints, hit.as_ref());
         Ok(out)
+    }
+
+    /// Splits `text[at..]` (`at` is where a split ends, or 0) at the added tokens and encodes it onto
+    /// `out` piece by piece; `after_token` gets each token's byte range and the number of ids in `out`
+    /// after it.
+    fn encode_split(
+        &self,
+        tokenizer: &Tokenizer,
+        (ac, ids): (&AhoCorasick, &[u32]),
+        text: &str,
+        mut at: usize,
+        out: &mut Vec<u32>,
+        mut after_token: impl FnMut(Range<usize>, usize),
+    ) -> tokenizers::Result<()> {
+        let from = at;
+        for m in ac.find_iter(&text[from..]) {
+            let span = from + m.start()..from + m.end();
+            self.encode_piece(tokenizer, &text[at..span.start], out)?;
+            out.push(ids[m.pattern().as_usize()]);
+            at = span.end;
+            after_token(span, out.len());
+        }
+        self.encode_piece(tokenizer, &text[at..], out)
     }
 
     fn encode_piece(&self, tokenizer: &Tokenizer, piece: &str, out: &mut Vec<u32>) -> tokenizers::Result<()> {
