@@ -202,13 +202,18 @@ impl Pipeline {
     /// profile; without one the image positions are unknown and only the text routes); from the memo
     /// when the same body was planned recently (see `memo`).
     fn tokenize(&self, req: &Request<'_>) -> Result<Arc<ChatTokens>, PlanError> {
-        let memo = self.memo.as_ref().zip(req.body_digest());
-        if let Some(hit) = memo.and_then(|(m, key)| m.get(key)) {
-            return Ok(hit);
-        }
+        let Some((memo, key)) = self.memo.as_ref().zip(req.body_digest()) else {
+            return Ok(Arc::new(self.render_and_tokenize(req)?));
+        };
+        let seen = match memo.lookup(key) {
+            memo::Lookup::Hit(tokens) => return Ok(tokens),
+            memo::Lookup::Seen => true,
+            memo::Lookup::New => false,
+        };
         let tokens = Arc::new(self.render_and_tokenize(req)?);
-        if let Some((m, key)) = memo {
-            m.insert(key, tokens.clone());
+        match seen {
+            true => memo.keep(key, tokens.clone()),
+            false => memo.note(key),
         }
         Ok(tokens)
     }
@@ -327,7 +332,7 @@ mod tests {
         assert_ne!(first[0], first[1], "one byte apart: two prompts");
         for (b, want) in bodies.iter().zip(&first) {
             let req = Request::parse(Endpoint::Chat, b.as_bytes()).unwrap();
-            let again = p.tokenize(&req).unwrap();
+            let again = p.tokenize(&req).unwrap(); // the second sighting: kept
             assert!(Arc::ptr_eq(&again, &p.tokenize(&req).unwrap()), "served from the memo");
             assert_eq!(&routed(&plan(&p, b)), want, "the same plan from the memo");
         }

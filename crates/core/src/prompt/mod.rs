@@ -347,10 +347,17 @@ impl PromptModel {
     /// Token ids of `text`, adding no special tokens (the template already has them), as vLLM
     /// tokenizes a rendered chat.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        self.encode_keeping(text, true)
+    }
+
+    /// [`PromptModel::encode`]; `keep` says whether the prompt may be extended by a later one (a
+    /// conversation's), and so is worth keeping in the prefix cache even if it extended none itself.
+    fn encode_keeping(&self, text: &str, keep: bool) -> Result<Vec<u32>, PromptError> {
         if let Some(m) = &self.mistral {
             return m.encode(text);
         }
-        self.inner.segments.encode(&self.inner.tokenizer, text).map_err(|e| PromptError::TokenizeFailed(e.to_string()))
+        let segments = &self.inner.segments;
+        segments.encode(&self.inner.tokenizer, text, keep).map_err(|e| PromptError::TokenizeFailed(e.to_string()))
     }
 
     #[cfg(test)]
@@ -448,9 +455,12 @@ impl PromptModel {
         }
         let text = self.render_chat(request, opts)?;
         too_long(&text)?;
+        // A chat with an assistant turn is a conversation under way: its next turn will extend it. A
+        // one-off prompt is kept only if it extended a kept one (see `segments`).
+        let history = request.messages.as_ref().is_ok_and(|m| m.iter().any(|m| m.role() == Some("assistant")));
         let ids = match request.field("add_special_tokens") {
             Some(Json::Bool(true)) => self.encode_with(&text, true)?,
-            _ => self.encode(&text)?,
+            _ => self.encode_keeping(&text, history)?,
         };
         Ok((text, ids))
     }

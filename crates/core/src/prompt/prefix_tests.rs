@@ -152,9 +152,9 @@ fn conversations_fed_turn_by_turn_plan_as_cold() {
     for seed in 0..6 {
         let requests = conversation(seed, 8, &SYSTEM.repeat(4));
         let hits = check_turns(&warm, &requests, QWEN_PAD, &format!("conversation {seed}"));
-        // Every turn after the first starts with the previous one's prompt (the shared system prompt
-        // is the first turn's prefix too, once another conversation kept it).
-        assert!(hits >= requests.len() - 1, "conversation {seed}: {hits} prefix hits");
+        // Every turn after the second starts with the previous one's prompt, kept because it had a
+        // history (the first turn, a one-off until answered, is not kept).
+        assert!(hits >= requests.len() - 2, "conversation {seed}: {hits} prefix hits");
     }
 }
 
@@ -170,7 +170,7 @@ fn reasoning_dropped_from_earlier_turns_still_reuses_the_common_prefix() {
             }
         }
         let hits = check_turns(&warm, &requests, QWEN_PAD, &format!("agent loop {seed}"));
-        assert!(hits >= requests.len() - 1, "agent loop {seed}: {hits} prefix hits");
+        assert!(hits >= requests.len() - 2, "agent loop {seed}: {hits} prefix hits");
     }
 }
 
@@ -298,6 +298,34 @@ fn a_text_extending_an_earlier_one_reuses_its_prefix() {
     }
 }
 
+/// A one-off prompt (no assistant turn, extending nothing kept) is not kept: its extension finds no
+/// prefix. A chat with an assistant turn is, and so is whatever extends a kept prompt.
+#[test]
+fn only_conversations_are_kept_for_later_prefixes() {
+    let model = cold(&PromptModel::bundled("qwen3-vl").unwrap());
+    let long = PIECES[8].repeat(30);
+    let chat = |turns: &[(&str, &str)]| {
+        let messages: Vec<_> = turns.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
+        serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap()
+    };
+    let plan = |body: Vec<u8>| {
+        let req = crate::request::Request::parse(crate::request::Endpoint::Chat, &body).unwrap();
+        model.chat_ids(&req, &Default::default()).unwrap();
+    };
+    plan(chat(&[("system", &long), ("user", "one")]));
+    plan(chat(&[("system", &long), ("user", "one"), ("assistant", "ok"), ("user", "two")]));
+    assert_eq!(model.inner.segments.prefix_hits(), 0, "the one-off first turn was not kept");
+    plan(chat(&[
+        ("system", &long),
+        ("user", "one"),
+        ("assistant", "ok"),
+        ("user", "two"),
+        ("assistant", "ok"),
+        ("user", "3"),
+    ]));
+    assert_eq!(model.inner.segments.prefix_hits(), 1, "the second turn had a history: kept");
+}
+
 /// An added token that extends another (`<|im_end|>` + more) can match across the end of a kept prefix
 /// in a new text: the prefix reused must end far enough before the checkpoint that the split there
 /// cannot change.
@@ -316,6 +344,6 @@ fn a_longer_added_token_across_the_prefix_end_is_not_cut() {
     let second = format!("{head}art|>{}", "y".repeat(2 * CHECKPOINT_BYTES));
     for text in [&first, &second] {
         let whole = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
-        assert_eq!(enc.encode(&tok, text).unwrap(), whole);
+        assert_eq!(enc.encode(&tok, text, true).unwrap(), whole);
     }
 }
