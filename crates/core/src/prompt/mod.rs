@@ -369,19 +369,7 @@ impl PromptModel {
     /// benchmarks and tests. Its ids are the same; it is slower on text it has not cached.
     #[doc(hidden)]
     pub fn with_hf_tokenizer_only(&self) -> PromptModel {
-        let inner = &self.inner;
-        PromptModel {
-            inner: Arc::new(Inner {
-                tokenizer: inner.tokenizer.clone(),
-                segments: segments::SegmentEncoder::new(&inner.tokenizer, None),
-                specials_inert: inner.specials_inert,
-                env: inner.env.clone(),
-                templates: inner.templates.clone(),
-                special_tokens: inner.special_tokens.clone(),
-                forced_format: inner.forced_format,
-            }),
-            mistral: self.mistral.clone(),
-        }
+        self.with_segments(segments::SegmentEncoder::new(&self.inner.tokenizer, None))
     }
 
     /// The same model without reuse of earlier prompts' prefixes (each text is split and served piece by
@@ -389,11 +377,18 @@ impl PromptModel {
     #[doc(hidden)]
     pub fn without_prefix_reuse(&self) -> PromptModel {
         let inner = &self.inner;
+        self.with_segments(
+            segments::SegmentEncoder::new(&inner.tokenizer, inner.segments.fast().cloned()).without_prefix_reuse(),
+        )
+    }
+
+    /// The same model with another segment encoder (and so empty caches).
+    fn with_segments(&self, segments: segments::SegmentEncoder) -> PromptModel {
+        let inner = &self.inner;
         PromptModel {
             inner: Arc::new(Inner {
                 tokenizer: inner.tokenizer.clone(),
-                segments: segments::SegmentEncoder::new(&inner.tokenizer, inner.segments.fast().cloned())
-                    .without_prefix_reuse(),
+                segments,
                 specials_inert: inner.specials_inert,
                 env: inner.env.clone(),
                 templates: inner.templates.clone(),

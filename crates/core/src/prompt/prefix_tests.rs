@@ -229,24 +229,7 @@ fn corpus_chats_fed_turn_by_turn_plan_as_cold() {
     }
 }
 
-const PIECES: &[&str] = &[
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|image_pad|>",
-    "<|vision_start|>",
-    "<think>",
-    "</think>",
-    "system\n",
-    "user\n",
-    "You are a helpful assistant that answers questions about pictures in detail. ",
-    "Ünïcödé ☃ 東京 ",
-    "e\u{301}",
-    "\r\n\t  ",
-    "<|im_sta",
-    "rt|>",
-    "'s 're 123 4567 ",
-    "  indented code();\n",
-];
+use super::segments::tests::PIECES;
 
 /// Texts built from earlier ones: each takes some pieces of a previous text (or none) and adds new
 /// ones, so it extends it, or diverges from it after a common prefix.

@@ -239,7 +239,7 @@ impl SegmentEncoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::prompt) mod tests {
     use super::*;
     use crate::prompt::PromptModel;
     use proptest::prelude::*;
@@ -266,13 +266,14 @@ mod tests {
         fast
     }
 
-    const PIECES: &[&str] = &[
+    /// Pieces whose concatenations cover the split's edge cases (partial tokens, NFC, contractions).
+    pub(in crate::prompt) const PIECES: &[&str] = &[
         "<|im_start|>",
         "<|im_end|>",
         "<|image_pad|>",
         "<|vision_start|>",
         "<think>",
-        "<tool_call>",
+        "</think>",
         "system\n",
         "user\n",
         "You are a helpful assistant that answers questions about pictures in detail. ",
@@ -283,6 +284,7 @@ mod tests {
         "rt|>",
         "'s 're 123 4567 ",
         "  indented code();\n",
+        "<tool_call>",
     ];
 
     proptest! {
