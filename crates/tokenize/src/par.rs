@@ -94,10 +94,10 @@ struct Shared<T> {
     finished: AtomicBool,
 }
 
-/// How long a caller spins for a part the helper is encoding before it sleeps: about the time the
-/// helper needs (it started no later than the caller's own part). Sleeping at once would add a second
-/// wake-up, the caller's, which on a small VM took as long as the part itself.
-const SPIN_FOR: Duration = Duration::from_micros(500);
+/// How long a caller spins for a part the helper is encoding before it sleeps. Sleeping at once adds a
+/// second wake-up, the caller's, which on a small VM took tens of microseconds; spinning long burns a
+/// core the busy machine's other work needs (a helper still busy after this was likely preempted).
+const SPIN_FOR: Duration = Duration::from_micros(50);
 
 enum Part<T> {
     /// Not started: whoever takes it runs it.
