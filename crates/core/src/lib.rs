@@ -17,6 +17,7 @@
 //! without knowing each other.
 
 pub mod accounting;
+mod generations;
 mod keys;
 pub mod media;
 pub mod model;

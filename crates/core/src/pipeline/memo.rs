@@ -13,35 +13,26 @@
 //! traffic never repeats, and keeping every one-off prompt's text and ids would only churn memory
 //! (measured: a fifth of the router's CPU in page faults on unique ~2 000-token prompts).
 //!
-//! Bounded: two generations of at most [`GENERATION_ENTRIES`] digests and [`GENERATION_BYTES`] of
-//! text and ids each; when the current one fills it becomes the old one and the older is dropped. A
-//! hit in the old generation moves to the current one.
+//! Bounded: two generations (`crate::generations`) of at most [`GENERATION_ENTRIES`] digests and
+//! [`GENERATION_BYTES`] of text and ids each.
 //!
 //! [`Request::body_digest`]: crate::request::Request::body_digest
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::generations::Generations;
 use crate::plan::ChatTokens;
 
 const GENERATION_ENTRIES: usize = 4096;
 /// Text bytes plus 4 bytes per id, per generation: at most 16 MiB in both.
 const GENERATION_BYTES: usize = 8 << 20;
 
-#[derive(Default)]
 pub(crate) struct TokenMemo {
-    gens: Mutex<Generations>,
+    gens: Mutex<Generations<Entry>>,
 }
 
 /// What the memo knows of a body: its prompt, or only that it was seen once.
 type Entry = Option<Arc<ChatTokens>>;
-
-#[derive(Default)]
-struct Generations {
-    new: HashMap<u128, Entry>,
-    old: HashMap<u128, Entry>,
-    new_bytes: usize,
-}
 
 fn weight(e: &Entry) -> usize {
     16 + e.as_ref().map_or(0, |t| t.text.len() + 4 * t.ids.len() + 8 * t.placeholders.len())
@@ -56,20 +47,18 @@ pub(crate) enum Lookup {
     New,
 }
 
+impl Default for TokenMemo {
+    fn default() -> TokenMemo {
+        TokenMemo { gens: Mutex::new(Generations::new(GENERATION_ENTRIES, GENERATION_BYTES, weight)) }
+    }
+}
+
 impl TokenMemo {
     pub(crate) fn lookup(&self, key: u128) -> Lookup {
-        let mut g = self.gens.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = match g.new.get(&key) {
-            Some(e) => e.clone(),
-            None => match g.old.remove(&key) {
-                Some(e) => {
-                    let _dropped = g.insert(key, e.clone());
-                    e
-                }
-                None => return Lookup::New,
-            },
-        };
-        entry.map_or(Lookup::Seen, Lookup::Hit)
+        match self.gens.lock().unwrap_or_else(PoisonError::into_inner).get(key) {
+            Some(entry) => entry.map_or(Lookup::Seen, Lookup::Hit),
+            None => Lookup::New,
+        }
     }
 
     /// The first sighting of a body: its digest only.
@@ -83,34 +72,8 @@ impl TokenMemo {
     }
 
     fn put(&self, key: u128, entry: Entry) {
-        if weight(&entry) > GENERATION_BYTES {
-            return;
-        }
         // The dropped generation is freed after the lock is released.
         let _dropped = self.gens.lock().unwrap_or_else(PoisonError::into_inner).insert(key, entry);
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        let g = self.gens.lock().unwrap();
-        g.new.len() + g.old.len()
-    }
-}
-
-impl Generations {
-    /// Inserts, turning over the generations when the current one is full; returns what was dropped.
-    fn insert(&mut self, key: u128, tokens: Entry) -> HashMap<u128, Entry> {
-        let w = weight(&tokens);
-        let mut dropped = HashMap::new();
-        if self.new.len() >= GENERATION_ENTRIES || self.new_bytes + w > GENERATION_BYTES {
-            dropped = std::mem::replace(&mut self.old, std::mem::take(&mut self.new));
-            self.new_bytes = 0;
-        }
-        self.new_bytes += w;
-        if let Some(replaced) = self.new.insert(key, tokens) {
-            self.new_bytes -= weight(&replaced);
-        }
-        dropped
     }
 }
 
@@ -130,7 +93,7 @@ mod tests {
     }
 
     #[test]
-    fn a_prompt_is_kept_at_its_second_sighting_and_old_hits_are_promoted() {
+    fn a_prompt_is_kept_at_its_second_sighting() {
         let memo = TokenMemo::default();
         assert!(matches!(memo.lookup(1), Lookup::New));
         memo.note(1);
@@ -138,33 +101,13 @@ mod tests {
         memo.keep(1, tokens(3));
         assert_eq!(hit(&memo, 1).unwrap().ids, vec![7; 3]);
         assert!(matches!(memo.lookup(2), Lookup::New));
-        for k in 10..10 + GENERATION_ENTRIES as u128 {
-            memo.note(k); // key 1 turns old, then is promoted by the next lookup
-        }
-        assert!(hit(&memo, 1).is_some());
-        for k in 50_000..50_000 + GENERATION_ENTRIES as u128 {
-            memo.note(k);
-        }
-        assert!(hit(&memo, 1).is_some(), "promoted to the current generation, it survived one turnover");
     }
 
     #[test]
-    fn stays_bounded_in_entries_and_bytes() {
+    fn a_prompt_heavier_than_a_generation_is_not_kept() {
         let memo = TokenMemo::default();
-        for k in 0..(5 * GENERATION_ENTRIES) as u128 {
-            memo.keep(k, tokens(1));
-        }
-        assert!(memo.len() <= 2 * GENERATION_ENTRIES);
-        let big = GENERATION_BYTES / 5 / 3; // ~5 per generation
-        for k in 0..40u128 {
-            memo.keep(100_000 + k, tokens(big));
-        }
-        let g = memo.gens.lock().unwrap();
-        let bytes: usize = g.new.values().chain(g.old.values()).map(weight).sum();
-        assert!(bytes <= 2 * GENERATION_BYTES, "{bytes} bytes held");
-        assert_eq!(g.new_bytes, g.new.values().map(weight).sum::<usize>());
-        drop(g);
-        memo.keep(1, tokens(GENERATION_BYTES)); // larger than a generation: not kept
+        memo.note(1);
+        memo.keep(1, tokens(GENERATION_BYTES));
         assert!(hit(&memo, 1).is_none());
     }
 }

@@ -24,7 +24,6 @@
 //! `Metaspace`, as Llama 2 and Mistral use) would get one on every piece, so for those both caches are off
 //! and whole strings are encoded.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +32,7 @@ use mmrouter_tokenize::FastTokenizer;
 use tokenizers::Tokenizer;
 
 use super::prefix::{self, Boundary, PrefixCache};
+use crate::generations::Generations;
 
 /// Pieces shorter than this are encoded directly: the lookup would cost about as much.
 const MIN_CACHED_BYTES: usize = 48;
@@ -50,43 +50,16 @@ pub(crate) struct SegmentEncoder {
     splitter: Option<(AhoCorasick, Vec<u32>)>,
     /// The fast encoder, when it accepted the model's `tokenizer.json`; its ids equal `tokenizers'`.
     fast: Option<Arc<FastTokenizer>>,
-    cache: Mutex<Generations>,
+    /// Pieces' ids by the xxh3-128 of their text, weighed in ids.
+    cache: Mutex<Generations<Arc<[u32]>>>,
     /// Whole prompts by their boundary prefixes (used only with `splitter`, as `cache`).
     prefixes: PrefixCache,
     /// Off only to measure what the prefix cache saves.
     prefix_reuse: bool,
 }
 
-/// A two-generation cache: lookups promote from `old` to `new`; when `new` fills up it becomes `old`
-/// and the previous `old` is dropped. Bounded memory, LRU-like, O(1) per operation.
-#[derive(Default)]
-struct Generations {
-    new: HashMap<u128, Arc<[u32]>>,
-    old: HashMap<u128, Arc<[u32]>>,
-    /// Ids held by `new`.
-    new_ids: usize,
-}
-
-impl Generations {
-    fn get(&mut self, key: u128) -> Option<Arc<[u32]>> {
-        if let Some(v) = self.new.get(&key) {
-            return Some(v.clone());
-        }
-        let v = self.old.remove(&key)?;
-        self.insert(key, v.clone());
-        Some(v)
-    }
-
-    fn insert(&mut self, key: u128, ids: Arc<[u32]>) {
-        if self.new.len() >= GENERATION_ENTRIES || self.new_ids + ids.len() > GENERATION_IDS {
-            self.old = std::mem::take(&mut self.new);
-            self.new_ids = 0;
-        }
-        self.new_ids += ids.len();
-        if let Some(replaced) = self.new.insert(key, ids) {
-            self.new_ids -= replaced.len();
-        }
-    }
+fn piece_cache() -> Generations<Arc<[u32]>> {
+    Generations::new(GENERATION_ENTRIES, GENERATION_IDS, |ids| ids.len())
 }
 
 /// Whether encoding a piece alone gives the ids it gets inside a longer text: not so when the
@@ -119,7 +92,7 @@ impl SegmentEncoder {
         SegmentEncoder {
             splitter,
             fast,
-            cache: Mutex::new(Generations::default()),
+            cache: Mutex::new(piece_cache()),
             prefixes: PrefixCache::default(),
             prefix_reuse: true,
         }
@@ -229,7 +202,8 @@ impl SegmentEncoder {
                 let mut fresh = Vec::with_capacity(piece.len() / 3);
                 self.encode_uncached(tokenizer, piece, &mut fresh)?;
                 let ids: Arc<[u32]> = fresh.into();
-                self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ids.clone());
+                let dropped = self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ids.clone());
+                drop(dropped); // freed after the lock
                 ids
             }
         };
@@ -309,27 +283,20 @@ pub(in crate::prompt) mod tests {
     }
 
     #[test]
-    fn generations_stay_bounded() {
-        let mut g = Generations::default();
+    fn the_piece_cache_stays_bounded_in_pieces_and_ids() {
+        let mut g = piece_cache();
         for k in 0..(3 * GENERATION_ENTRIES as u128) {
-            g.insert(k, Arc::from(vec![k as u32]));
+            let _ = g.insert(k, Arc::from(vec![k as u32]));
         }
-        assert!(g.new.len() + g.old.len() <= 2 * GENERATION_ENTRIES);
+        assert!(g.len() <= 2 * GENERATION_ENTRIES);
         // A recent key survives; the oldest are gone.
         assert!(g.get(3 * GENERATION_ENTRIES as u128 - 1).is_some());
         assert!(g.get(0).is_none());
-    }
-
-    #[test]
-    fn generations_stay_bounded_in_ids_too() {
-        let mut g = Generations::default();
         let long: Arc<[u32]> = Arc::from(vec![7u32; 16 * 1024]); // a ~64 KiB piece's ids
         for k in 0..2048u128 {
-            g.insert(k, long.clone());
+            let _ = g.insert(k, long.clone());
         }
-        let ids: usize = g.new.values().chain(g.old.values()).map(|v| v.len()).sum();
-        assert!(ids <= 2 * GENERATION_IDS, "{ids} ids cached");
-        assert_eq!(g.new_ids, g.new.values().map(|v| v.len()).sum::<usize>());
+        assert!(g.weight() <= 2 * GENERATION_IDS, "{} ids cached", g.weight());
         assert!(g.get(2047).is_some());
     }
 }

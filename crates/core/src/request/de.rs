@@ -71,16 +71,16 @@ impl<'a> Request<'a> {
 /// digesting costs ~0.05 µs per KiB, and longer texts are mostly one-off long prompts.
 const DIGESTED_BODY_BYTES: usize = 64 * 1024;
 
-/// The digest of everything in the body but its images' `image_url` values, with the endpoint and the
+/// For a chat, the digest of everything in the body but its images' `image_url` values, with the
 /// number of images: what the prompt is rendered from (an image part renders as a placeholder,
-/// whatever its URL). None for a body with a media part the router cannot account for, or too long.
+/// whatever its URL). None for a completion (nothing memoizes those), a body with a media part the
+/// router cannot account for, or too long a body.
 fn digest(endpoint: Endpoint, body: &[u8], request: &Request<'_>) -> Option<u128> {
     let urls: usize = request.images.iter().map(|i| i.image_url_span.len()).sum();
-    if request.media_issue.is_some() || body.len() - urls > DIGESTED_BODY_BYTES {
+    if endpoint != Endpoint::Chat || request.media_issue.is_some() || body.len() - urls > DIGESTED_BODY_BYTES {
         return None;
     }
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(&[endpoint as u8]);
     h.update(&(request.images.len() as u64).to_le_bytes());
     let mut at = 0;
     for span in request.images.iter().map(|i| &i.image_url_span) {

@@ -134,7 +134,7 @@ pub struct ImagePart<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// A digest of the endpoint, the number of images and the body's bytes outside the images'
+    /// For a chat, a digest of the number of images and the body's bytes outside the images'
     /// `image_url` values, when those are at most 64 KiB and every media part is an image the router
     /// reads: equal digests, equal rendered prompts (the pipeline memoizes them by it).
     pub fn body_digest(&self) -> Option<u128> {

@@ -149,11 +149,7 @@ fn the_body_digest_leaves_image_urls_out() {
     let one =
         r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"data:image/png;base64,AA"}]}]}"#;
     assert_ne!(digest(two), digest(one));
-    assert_ne!(
-        Request::parse(Endpoint::Completion, br#"{"prompt":"x"}"#).unwrap().body_digest(),
-        Request::parse(Endpoint::Chat, br#"{"prompt":"x"}"#).unwrap().body_digest(),
-        "the endpoint is part of it"
-    );
+    assert_eq!(Request::parse(Endpoint::Completion, br#"{"prompt":"x"}"#).unwrap().body_digest(), None);
     // Media the router cannot read, or too much text: no digest, no memo.
     let audio = r#"{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]}]}"#;
     assert_eq!(digest(audio), None);
