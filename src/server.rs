@@ -119,9 +119,13 @@ pub async fn serve_state(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    // Before the feeds: a replica's feeds hold their live batches while it bootstraps.
-    cluster::start(cfg, &state);
+    // Before the feeds: a replica's feeds hold their live batches while it bootstraps; the bootstrap
+    // runs once they exist, as it resumes them.
+    let bootstrap = cluster::start(cfg, &state);
     state.pools.start_feeds();
+    if let Some(bootstrap) = bootstrap {
+        tokio::spawn(bootstrap);
+    }
     pools::spawn_checks(&state.pools, cfg.server.health_interval);
     let front = Front::new(cfg, state.observe.clone(), state.draining.clone());
     let shared = Arc::new(conn::Shared {

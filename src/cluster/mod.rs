@@ -15,6 +15,7 @@ mod http;
 mod nats;
 mod snapshot;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::config::Settings;
@@ -24,9 +25,11 @@ use crate::state::AppState;
 pub use http::routes;
 
 /// Starts the replica's cluster side, if `[cluster]` is set: call before the feeds start, so they
-/// hold their live batches for the bootstrap.
-pub fn start(cfg: &Settings, state: &Arc<AppState>) {
-    let Some(settings) = cfg.cluster.clone() else { return };
+/// hold their live batches for the bootstrap. Returns the bootstrap, to spawn once the feeds exist:
+/// it resumes the feeds it finds, and one that ran first (nothing to ask takes no time) found none,
+/// leaving every batch held and the index without events.
+pub fn start(cfg: &Settings, state: &Arc<AppState>) -> Option<impl Future<Output = ()> + Send + 'static> {
+    let settings = cfg.cluster.clone()?;
     state.pools.bootstrap.begin();
     let pools = state.pools.clone();
     if let Some(url) = settings.nats_url.clone() {
@@ -41,7 +44,7 @@ pub fn start(cfg: &Settings, state: &Arc<AppState>) {
         observe: state.observe.clone(),
         admin_key: cfg.auth.admin_keys.first().cloned(),
     };
-    tokio::spawn(boot.run());
+    Some(boot.run())
 }
 
 /// Gives every pool's router the link to the cluster (again for pools a reload created).

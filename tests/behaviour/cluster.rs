@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::harness::*;
+use mmrouter::config::Settings;
 
 const ADMIN: &str = "cluster-admin-key";
 
@@ -180,6 +181,43 @@ async fn with_no_peer_to_ask_a_replica_replays_the_engines_rings() {
     for chat in &chats {
         let (vf, vc) = (debug_with_key(&first.url, chat).await, debug_with_key(&c.url, chat).await);
         assert_eq!(overlaps(&vc), overlaps(&vf), "replayed: {vc}\nlive: {vf}");
+    }
+}
+
+/// The usual first replica: `[cluster]` without `peers` (NATS only, or nothing yet), in front of
+/// engines without a replay ring (vLLM's default). With nobody to ask it reports ready at once, and its
+/// held feeds must still be resumed: it follows the engines' events like a lone router (a bootstrap
+/// that ran before the feeds existed once left every batch held, so the index never saw an event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_without_peers_follows_its_engines_events() {
+    let sims = sims(2, |o| {
+        fast(o);
+        o.kv_events = Some("tcp://127.0.0.1:0".into());
+    })
+    .await;
+    let mut workers = String::new();
+    for s in &sims {
+        let ep = s.kv_events_endpoint().unwrap();
+        workers.push_str(&format!("[[workers]]\nname = {:?}\nurl = {:?}\nkv_events = {ep:?}\n", s.name(), s.url()));
+    }
+    let cfg = Settings::parse(&format!("{}{workers}", base_toml("[cluster]\nreplica_id = \"solo\"\n"))).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Served from this task, as `mmrouter serve` serves from its main task: what it spawns goes to
+    // idle runtime threads at once (from a worker thread it would wait for the spawner to yield).
+    let server = mmrouter::server::serve(cfg, listener, std::future::pending());
+    let check = async {
+        let (body, _) = until_ready(&url).await;
+        assert_eq!(body["bootstrap"]["state"].as_str(), Some("complete"), "{body}");
+        let chats = run_chats();
+        for chat in &chats {
+            chat_ok(&url, chat).await;
+        }
+        until_learnt(&url, &chats).await;
+    };
+    tokio::select! {
+        res = server => panic!("the server stopped: {res:?}"),
+        () = check => {}
     }
 }
 

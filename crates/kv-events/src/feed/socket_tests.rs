@@ -595,3 +595,44 @@ async fn many_gaps_under_load_are_all_filled() {
     assert!(stats.history_complete);
     engine.shutdown().await;
 }
+
+/// A replica's held feed (it grafts a peer's state first) on an engine without a replay ring: once
+/// resumed it delivers what it held and then follows live, as an unheld feed would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_feed_without_replay_delivers_once_resumed() {
+    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
+    let mut cfg = engine.feed_config();
+    cfg.replay_endpoint = None;
+    cfg.hold_until_resumed = true;
+    let (handle, mut rx) = spawn_feed(cfg).unwrap();
+    engine.wait_subscribed().await;
+    engine.publish(payload(0)).await;
+    engine.publish(payload(1)).await;
+    wait_until("both held", || handle.stats().messages == 2).await;
+    assert_idle(&mut rx);
+    handle.resume(None);
+    expect_batch(&mut rx, 0, false).await;
+    expect_batch(&mut rx, 1, false).await;
+    assert!(matches!(next(&mut rx).await, FeedEvent::Synced));
+    engine.publish(payload(2)).await;
+    expect_batch(&mut rx, 2, false).await;
+    engine.shutdown().await;
+}
+
+/// Resumed before anything arrived (the usual start: no peer, nothing published yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_feed_without_replay_resumed_early_follows_live() {
+    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
+    let mut cfg = engine.feed_config();
+    cfg.replay_endpoint = None;
+    cfg.hold_until_resumed = true;
+    let (handle, mut rx) = spawn_feed(cfg).unwrap();
+    engine.wait_subscribed().await;
+    handle.resume(None);
+    assert!(matches!(next(&mut rx).await, FeedEvent::Synced));
+    engine.publish(payload(0)).await;
+    expect_batch(&mut rx, 0, false).await;
+    engine.publish(payload(1)).await;
+    expect_batch(&mut rx, 1, false).await;
+    engine.shutdown().await;
+}
