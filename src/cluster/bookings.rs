@@ -32,7 +32,8 @@ const MAX_IMAGES: usize = 64;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
 pub enum Msg {
-    /// Request `id` admitted on `pool`/`w` with prefill `p`, decode `d` and image `i` tokens.
+    /// Request `id` admitted on `pool`/`w` with prefill `p`, decode `d` and image `i` tokens, sent
+    /// at `t` (microseconds since the Unix epoch; 0 or absent: unknown).
     Book {
         r: String,
         id: u64,
@@ -41,6 +42,8 @@ pub enum Msg {
         p: u32,
         d: u32,
         i: u32,
+        #[serde(default)]
+        t: u64,
     },
     First {
         r: String,
@@ -80,6 +83,16 @@ pub enum Msg {
 }
 
 impl Msg {
+    /// Whether the payload is a booking, its first byte, end or a heartbeat, read from the tag alone
+    /// (serde writes it first): those are applied on arrival and in order, ahead of the records
+    /// (dispatch, images, unseen tokens), whose index writes would otherwise delay the next booking.
+    pub fn is_booking(payload: &[u8]) -> bool {
+        ["book", "first", "end", "beat"].iter().any(|k| {
+            let tag = payload.strip_prefix(b"{\"k\":\"").and_then(|rest| rest.strip_prefix(k.as_bytes()));
+            tag.is_some_and(|rest| rest.first() == Some(&b'"'))
+        })
+    }
+
     fn replica(&self) -> &str {
         match self {
             Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
@@ -135,7 +148,8 @@ impl Link for PoolLink {
         let o = &self.out;
         let id = o.next.fetch_add(1, Ordering::Relaxed);
         let (p, d, i) = (load.prefill_tokens, load.decode_tokens, load.image_tokens);
-        let msg = Msg::Book { r: o.replica.clone(), id, pool: self.pool.clone(), w: worker.to_owned(), p, d, i };
+        let (r, pool, w, t) = (o.replica.clone(), self.pool.clone(), worker.to_owned(), unix_micros());
+        let msg = Msg::Book { r, id, pool, w, p, d, i, t };
         let mut live = o.live.lock().unwrap_or_else(|e| e.into_inner());
         live.insert(id);
         o.send(msg);
@@ -177,6 +191,12 @@ impl Link for PoolLink {
         let (r, pool) = (self.out.replica.clone(), self.pool.clone());
         self.out.send(Msg::Unseen { r, pool, key, t: tokens });
     }
+}
+
+/// Now, in microseconds since the Unix epoch (0 if the clock is before it).
+fn unix_micros() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A pool's router by the pool's name (the pools in force).
@@ -224,7 +244,10 @@ impl Inbox {
             .or_insert_with(|| Peer { last_seen: Instant::now(), bookings: HashMap::new() });
         peer.last_seen = Instant::now();
         match msg {
-            Msg::Book { id, pool, w, p, d, i, .. } => {
+            Msg::Book { id, pool, w, p, d, i, t, .. } => {
+                if t > 0 {
+                    self.observe.booking_delay(unix_micros().saturating_sub(t) as f64 / 1e6);
+                }
                 let Some(worker) = self.worker(routers, &pool, &w) else { return };
                 let load = Load { prefill_tokens: p, decode_tokens: d, image_tokens: i };
                 worker.add_remote(load);
@@ -345,11 +368,35 @@ mod tests {
 
     #[test]
     fn messages_are_small_tagged_json() {
-        let m = Msg::Book { r: "r1".into(), id: 7, pool: "p".into(), w: "w0".into(), p: 100, d: 16, i: 0 };
+        let m = Msg::Book { r: "r1".into(), id: 7, pool: "p".into(), w: "w0".into(), p: 100, d: 16, i: 0, t: 5 };
         let text = serde_json::to_string(&m).unwrap();
-        assert_eq!(text, r#"{"k":"book","r":"r1","id":7,"pool":"p","w":"w0","p":100,"d":16,"i":0}"#);
+        assert_eq!(text, r#"{"k":"book","r":"r1","id":7,"pool":"p","w":"w0","p":100,"d":16,"i":0,"t":5}"#);
         assert_eq!(serde_json::from_str::<Msg>(&text).unwrap(), m);
         assert!(serde_json::from_str::<Msg>(r#"{"k":"nuke","r":"x"}"#).is_err());
+        // A replica of an earlier version sends no send time.
+        let old = r#"{"k":"book","r":"r1","id":7,"pool":"p","w":"w0","p":100,"d":16,"i":0}"#;
+        assert!(matches!(serde_json::from_str::<Msg>(old).unwrap(), Msg::Book { id: 7, t: 0, .. }));
+    }
+
+    #[test]
+    fn bookings_are_told_from_records_by_their_tag() {
+        let r = || "r".to_owned();
+        let bookings = [
+            Msg::Book { r: r(), id: 1, pool: r(), w: r(), p: 1, d: 1, i: 0, t: 1 },
+            Msg::First { r: r(), id: 1 },
+            Msg::End { r: r(), id: 1 },
+            Msg::Beat { r: r(), live: vec![1] },
+        ];
+        let records = [
+            Msg::Dispatch { r: r(), pool: r(), w: r(), src: 1, b: vec![1] },
+            Msg::Images { r: r(), pool: r(), w: r(), img: vec![] },
+            Msg::Unseen { r: r(), pool: r(), key: 1, t: 1 },
+        ];
+        assert!(bookings.iter().all(|m| Msg::is_booking(&serde_json::to_vec(m).unwrap())));
+        assert!(records.iter().all(|m| !Msg::is_booking(&serde_json::to_vec(m).unwrap())));
+        for odd in [&b"{\"k\":\"booking\"}"[..], b"{\"k\":\"end", b"", b"not json"] {
+            assert!(!Msg::is_booking(odd), "{}", String::from_utf8_lossy(odd));
+        }
     }
 
     fn router() -> Arc<Router> {
@@ -358,7 +405,7 @@ mod tests {
     }
 
     fn book(r: &str, id: u64, w: &str) -> Msg {
-        Msg::Book { r: r.into(), id, pool: "p".into(), w: w.into(), p: 100, d: 10, i: 5 }
+        Msg::Book { r: r.into(), id, pool: "p".into(), w: w.into(), p: 100, d: 10, i: 5, t: 0 }
     }
 
     #[test]

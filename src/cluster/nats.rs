@@ -15,6 +15,10 @@ use crate::observe::Observer;
 use crate::observe::*;
 use crate::pools::Pools;
 
+/// Records (dispatch, images, unseen tokens) received and not yet applied, beyond which new ones are
+/// dropped (counted as `records_queue_full`): a replica that cannot keep up loses index entries, never
+/// bookings.
+const RECORDS_QUEUE: usize = 4_096;
 /// Longest pause between two reconnection attempts: a restarted NATS is found again within it.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 
@@ -64,7 +68,7 @@ impl Nats {
         };
         tokio::spawn(self.clone().publish(client, outgoing));
         tokio::spawn(self.clone().heartbeat());
-        self.receive(subscriber).await;
+        self.clone().receive(subscriber).await;
     }
 
     /// Sends this replica's messages in order. A full client buffer (NATS down) makes this wait, and
@@ -79,12 +83,33 @@ impl Nats {
         }
     }
 
-    async fn receive(&self, mut subscriber: async_nats::Subscriber) {
+    /// Applies bookings (and their first bytes, ends, heartbeats) as they arrive, in order; records
+    /// go to [`Nats::apply_records`], so a booking never waits behind a dispatch's thousands of
+    /// index writes (the window in which another replica routes without it).
+    async fn receive(self: Arc<Self>, mut subscriber: async_nats::Subscriber) {
+        let (records, queued) = mpsc::channel(RECORDS_QUEUE);
+        tokio::spawn(self.clone().apply_records(queued));
         while let Some(m) = subscriber.next().await {
-            match serde_json::from_slice::<Msg>(&m.payload) {
-                Ok(msg) => self.inbox.apply(&|name| self.router_of(name), msg),
-                Err(_) => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
+            if !Msg::is_booking(&m.payload) {
+                if records.try_send(m.payload).is_err() {
+                    self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "records_queue_full"), 1);
+                }
+                continue;
             }
+            self.apply(&m.payload);
+        }
+    }
+
+    async fn apply_records(self: Arc<Self>, mut queued: mpsc::Receiver<bytes::Bytes>) {
+        while let Some(payload) = queued.recv().await {
+            self.apply(&payload);
+        }
+    }
+
+    fn apply(&self, payload: &[u8]) {
+        match serde_json::from_slice::<Msg>(payload) {
+            Ok(msg) => self.inbox.apply(&|name| self.router_of(name), msg),
+            Err(_) => self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "malformed"), 1),
         }
     }
 

@@ -128,6 +128,8 @@ pub const CLUSTER_DISPATCHES_TOTAL: &str = "mmrouter_cluster_dispatches_total";
 pub const CLUSTER_MESSAGES_DROPPED_TOTAL: &str = "mmrouter_cluster_messages_dropped_total";
 /// Gauge `{state}`: 1 for the bootstrap's state: `pending`, `complete` or `incomplete`.
 pub const CLUSTER_BOOTSTRAP: &str = "mmrouter_cluster_bootstrap";
+/// Receive time of another replica's booking minus its send time, as the two hosts' clocks say.
+pub const CLUSTER_BOOKING_DELAY_SECONDS: &str = "mmrouter_cluster_booking_delay_seconds";
 /// Gauge: how far behind the engines the bootstrapped state was when it became ready (seconds).
 pub const CLUSTER_BOOTSTRAP_STATE_AGE_SECONDS: &str = "mmrouter_cluster_bootstrap_state_age_seconds";
 /// Gauge: seconds from start to the end of the bootstrap.
@@ -232,6 +234,11 @@ fn describe(r: &PrometheusRecorder) {
     counter(CLUSTER_DISPATCHES_TOTAL, "Dispatch records (pending or approximate blocks) sent and applied.");
     counter(CLUSTER_MESSAGES_DROPPED_TOTAL, "Cluster messages not sent or not applied, by reason.");
     gauge(CLUSTER_BOOTSTRAP, "1 for the bootstrap's state: pending, complete, incomplete.");
+    histogram(
+        CLUSTER_BOOKING_DELAY_SECONDS,
+        Some(Unit::Seconds),
+        "Another replica's booking: applied here minus sent there (the race window; host clocks).",
+    );
     gauge(CLUSTER_BOOTSTRAP_STATE_AGE_SECONDS, "How far behind the engines the bootstrapped state was at ready.");
     gauge(CLUSTER_BOOTSTRAP_DURATION_SECONDS, "Seconds from start to the end of the bootstrap.");
     counter(CLUSTER_SNAPSHOT_BYTES_TOTAL, "Index snapshot bytes sent to and received from peer replicas.");

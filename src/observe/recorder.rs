@@ -5,7 +5,7 @@
 //! ([`super::scrape`]).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
 use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
@@ -38,6 +38,7 @@ pub struct Observer {
     /// The cluster's counters and gauges, by (name, label value); `""`: no label.
     cluster_counters: Cache<(&'static str, &'static str), Counter>,
     cluster_gauges: Cache<(&'static str, &'static str), Gauge>,
+    booking_delay: OnceLock<Histogram>,
     connections_open: Gauge,
     inflight_requests: Gauge,
     pub(super) image_tokens: Histogram,
@@ -67,6 +68,7 @@ impl Observer {
             front_counters: Cache::new(),
             cluster_counters: Cache::new(),
             cluster_gauges: Cache::new(),
+            booking_delay: OnceLock::new(),
             budget_exhausted: recorder.register_counter(&plain(RETRY_BUDGET_EXHAUSTED_TOTAL), &METADATA),
             recorder,
             requests: Cache::new(),
@@ -175,6 +177,13 @@ impl Observer {
             self.recorder.register_gauge(&Self::key(n, &labels), &METADATA)
         });
         g.set(v);
+    }
+
+    /// Another replica's booking was applied `secs` after it was sent.
+    pub fn booking_delay(&self, secs: f64) {
+        self.booking_delay
+            .get_or_init(|| self.recorder.register_histogram(&Self::key(CLUSTER_BOOKING_DELAY_SECONDS, &[]), &METADATA))
+            .record(secs);
     }
 
     /// A KV-event batch from `worker` arrived `secs` after the engine stamped it (the feeds record it).

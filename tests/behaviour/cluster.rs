@@ -367,6 +367,13 @@ async fn replicas_share_dispatches_and_load_and_a_killed_ones_bookings_expire() 
     let remote: u64 = v["inflight"].as_array().unwrap().iter().map(|w| w["remote"]["requests"].as_u64().unwrap()).sum();
     let local: u64 = v["inflight"].as_array().unwrap().iter().map(|w| w["local"]["requests"].as_u64().unwrap()).sum();
     assert_eq!((remote, local), (4, 0), "r2 weighs r1's requests as remote load: {v}");
+    // Each booking's delay from r1's send to r2's apply is measured (one host, one clock).
+    let text = metrics_of(&r2.url).await;
+    let (delays, total) = (
+        metric(&text, "mmrouter_cluster_booking_delay_seconds_count", ""),
+        metric(&text, "mmrouter_cluster_booking_delay_seconds_sum", ""),
+    );
+    assert!(delays >= 4.0 && total < delays, "booking delays: {delays} measured, {total} s in all");
     for f in flights {
         assert!(f.await.unwrap(), "a slow request succeeded");
     }
