@@ -354,6 +354,25 @@ fn a_probe_completes_between_the_chunks_of_a_huge_store() {
 }
 
 #[test]
+fn a_write_ends_its_lock_hold_early_while_a_probe_spins_for_the_lock() {
+    let idx = index(100_000);
+    let chunks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = chunks.clone();
+    *idx.after_chunk.lock().unwrap() =
+        Some(Box::new(move || _ = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let n = 2 * WRITE_CHUNK as u64;
+    idx.store_events(0, &keys(0..n));
+    assert_eq!(chunks.swap(0, std::sync::atomic::Ordering::Relaxed), 2, "nobody waits: whole chunks");
+    // A probe announced as spinning (it never takes the lock here, so the writer also stops deferring
+    // to it after WRITER_DEFERS and queues): holds of MIN_CHUNK keys, and every key still written.
+    idx.probing.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    idx.store_events(1, &keys(0..n));
+    idx.probing.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    assert_eq!(chunks.swap(0, std::sync::atomic::Ordering::Relaxed), (n as usize).div_ceil(MIN_CHUNK));
+    assert_eq!(idx.probe(&keys(0..n), 2), vec![n as u32, n as u32]);
+}
+
+#[test]
 fn remove_worker_scans_in_chunks_and_stops_when_the_worker_is_gone() {
     let idx = index(100_000);
     let chunks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
