@@ -15,6 +15,7 @@ use mmrouter_core::routing::{Decision, ImageUse, Worker};
 use crate::front::ReceivedBody;
 use crate::observe::{Attempt, Ending, Observer, RequestRecord};
 use crate::pools::Pool;
+use crate::upstream::Pieces;
 
 /// One proxied request, from its arrival to the end of its response.
 pub struct Ctx {
@@ -25,7 +26,7 @@ pub struct Ctx {
     /// The body as received (read once, by the front door); what is forwarded, but for the uuid splice.
     pub body: Bytes,
     /// The body with each exact image's `uuid` written in, built once when a vLLM worker needs it.
-    pub spliced: Option<Bytes>,
+    pub spliced: Option<Pieces>,
     pub pool: Option<Arc<Pool>>,
     pub plan: Option<RoutePlan>,
     pub timings: Option<StageTimings>,

@@ -8,14 +8,14 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use mmrouter_core::pipeline::{splice_uuids, Route, RoutePlan};
+use mmrouter_core::pipeline::{uuid_edits, PlannedImage, Route, RoutePlan};
 use mmrouter_core::routing::{Engine, Failure, ImageUse, Load, LoadGuard, SelectRequest, Transition};
 
 use super::context::Ctx;
 use crate::error::ApiError;
 use crate::observe::{Attempt, AttemptStatus};
 use crate::state::AppState;
-use crate::upstream::{Outgoing, RetryReason, UpstreamError, UpstreamResponse};
+use crate::upstream::{Outgoing, Pieces, RetryReason, UpstreamError, UpstreamResponse};
 
 /// The worker's answer to relay: its response head, the load it holds, which worker.
 pub struct Answer {
@@ -162,17 +162,31 @@ pub fn report(ctx: &mut Ctx, w: usize, t: Option<Transition>) {
 
 /// The bytes a worker receives: the received ones, except that on the exact route to vLLM each image
 /// part carries the image's content digest as its `uuid` (vLLM then names the image as the router
-/// does, in its caches and its KV events). Built once per request, only when needed.
-fn body_for(ctx: &mut Ctx, engine: Engine) -> Bytes {
+/// does, in its caches and its KV events). Built once per request, only when needed, as slices of the
+/// received body around the uuids (nothing copied).
+fn body_for(ctx: &mut Ctx, engine: Engine) -> Pieces {
     let plan = ctx.plan();
     let splice = engine == Engine::Vllm && plan.route == Route::Exact && plan.images.iter().any(|i| i.splice.is_some());
     if !splice {
-        return ctx.body.clone();
+        return Pieces::from(ctx.body.clone());
     }
     if ctx.spliced.is_none() {
-        ctx.spliced = Some(Bytes::from(splice_uuids(&ctx.body, &ctx.plan().images)));
+        ctx.spliced = Some(spliced(&ctx.body, &ctx.plan().images));
     }
     ctx.spliced.clone().expect("just built")
+}
+
+/// `body` in pieces with the plan's uuids between them (see `uuid_edits`).
+fn spliced(body: &Bytes, images: &[PlannedImage]) -> Pieces {
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for (range, text) in uuid_edits(images) {
+        parts.push(body.slice(at..range.start));
+        parts.push(Bytes::from(text));
+        at = range.end;
+    }
+    parts.push(body.slice(at..));
+    Pieces::new(parts)
 }
 
 /// Holds the request's load on worker `w` and records its blocks there (at dispatch, so a

@@ -8,13 +8,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Uri};
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::error::{error_chain, UpstreamError};
 use super::headers::outgoing;
+use super::pieces::Pieces;
 use crate::config::ServerSettings;
 
 /// What is sent to a worker besides the body: the client's method, path and query, and headers.
@@ -28,7 +28,7 @@ pub struct Outgoing<'a> {
 pub type UpstreamResponse = axum::http::Response<Body>;
 
 /// hyper's own pooled client, for plain-http workers (the usual case inside a cluster).
-type PlainClient = Client<HttpConnector, Full<Bytes>>;
+type PlainClient = Client<HttpConnector, Pieces>;
 
 /// The pooled HTTP clients to the workers, with the configured timeouts.
 ///
@@ -105,14 +105,14 @@ impl Upstream {
         &self,
         base_url: &str,
         req: &Outgoing<'_>,
-        body: Bytes,
+        body: Pieces,
     ) -> Result<UpstreamResponse, UpstreamError> {
         let target = self.target(base_url, req.path_and_query)?;
         let (method, out) = (req.method.clone(), outgoing(req.headers));
         let sent = async {
             match target {
                 Target::Plain(uri) => self.send_plain(method, uri, out, body).await,
-                Target::Reqwest(url) => self.send_reqwest(method, url, out, body).await,
+                Target::Reqwest(url) => self.send_reqwest(method, url, out, body.into_bytes()).await,
             }
         };
         match tokio::time::timeout(self.first_byte, sent).await {
@@ -126,9 +126,9 @@ impl Upstream {
         method: Method,
         uri: Uri,
         headers: HeaderMap,
-        body: Bytes,
+        body: Pieces,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        let mut req = axum::http::Request::new(Full::new(body));
+        let mut req = axum::http::Request::new(body);
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;

@@ -12,6 +12,7 @@
 mod client;
 mod error;
 mod headers;
+mod pieces;
 mod relay;
 mod retry;
 mod usage;
@@ -19,5 +20,6 @@ mod usage;
 pub use client::{Outgoing, Upstream, UpstreamResponse};
 pub use error::{error_chain, UpstreamError};
 pub use headers::end_to_end;
+pub use pieces::Pieces;
 pub use relay::{EndReport, Outcome, Relay, RelayBody, RelayLimits};
 pub use retry::{RetryBudget, RetryReason};

@@ -24,6 +24,8 @@ async fn text_and_image_chats_reach_the_worker_byte_identical() {
         let r = post(&c.url, bytes).await;
         assert_eq!(r.status(), 200);
         assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&expected), "worker saw different bytes");
+        // A spliced body goes out in pieces, still with its exact length (not chunked).
+        assert_eq!(header(&r, "x-sim-body-framing"), "length");
         assert_eq!(header(&r, "x-mmrouter-route"), route);
         let worker = header(&r, "x-mmrouter-worker").to_owned();
         assert!(c.sims.iter().any(|s| s.name() == worker), "unknown worker {worker}");

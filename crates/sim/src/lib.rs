@@ -6,7 +6,8 @@
 //! delays answers by a timing model ([`timing`]: prefill, image preprocessing and encoding), exposes
 //! vLLM-named `/metrics` (`exposition`) and injects faults on request (error rate, added delay,
 //! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
-//! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged.
+//! exact body bytes received) so tests can prove a proxy forwarded the bytes unchanged, and
+//! `x-sim-body-framing` (`length` when the request came with a Content-Length, else `chunked`).
 //!
 //! The server knows no chat template or tokenizer: a [`Prompter`] turns a request into a token count
 //! and chained block keys. `ExactPrompter` is the real one: the router's own core pipeline

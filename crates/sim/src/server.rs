@@ -40,6 +40,7 @@ use crate::timing::{decode_delay, ttft_alone, ttft_queued, Dice, ImageWork};
 
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
+const BODY_FRAMING: HeaderName = HeaderName::from_static("x-sim-body-framing");
 
 /// The deterministic "model output": token `i` is `WORDS[i % len]`.
 const WORDS: [&str; 12] =
@@ -395,6 +396,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 /// every response (errors and 404s included).
 async fn hash_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
+    let framing = if parts.headers.contains_key(axum::http::header::CONTENT_LENGTH) { "length" } else { "chunked" };
     let (digest, read) = read_body(body, state.opts.max_body_bytes).await;
     let mut response = match read {
         Ok(bytes) => {
@@ -410,6 +412,7 @@ async fn hash_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
     if let Ok(v) = HeaderValue::from_str(&state.opts.name) {
         headers.insert(WORKER, v);
     }
+    headers.insert(BODY_FRAMING, HeaderValue::from_static(framing));
     response
 }
 

@@ -8,6 +8,21 @@ use crate::pipeline::output::PlannedImage;
 /// The body with each exact image's `uuid` written in (vLLM then names the image as the router does);
 /// every other byte stays as received.
 pub fn splice_uuids(body: &[u8], images: &[PlannedImage]) -> Vec<u8> {
+    let edits = uuid_edits(images);
+    let mut out = Vec::with_capacity(body.len() + 80 * edits.len());
+    let mut at = 0;
+    for (range, text) in edits {
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(text.as_bytes());
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
+}
+
+/// The edits [`splice_uuids`] makes, in body order: each byte range of the received body to replace
+/// and its replacement (an empty range inserts). For a caller that sends the body in pieces.
+pub fn uuid_edits(images: &[PlannedImage]) -> Vec<(Range<usize>, String)> {
     let mut edits: Vec<(Range<usize>, String)> = images
         .iter()
         .filter_map(|img| {
@@ -19,15 +34,7 @@ pub fn splice_uuids(body: &[u8], images: &[PlannedImage]) -> Vec<u8> {
         })
         .collect();
     edits.sort_by_key(|(r, _)| r.start);
-    let mut out = Vec::with_capacity(body.len() + 80 * edits.len());
-    let mut at = 0;
-    for (range, text) in edits {
-        out.extend_from_slice(&body[at..range.start]);
-        out.extend_from_slice(text.as_bytes());
-        at = range.end;
-    }
-    out.extend_from_slice(&body[at..]);
-    out
+    edits
 }
 
 #[cfg(test)]
