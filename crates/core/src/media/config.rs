@@ -51,6 +51,9 @@ pub struct MediaConfig {
     pub url_cache_ttl_secs: u64,
     /// Most URLs the cache holds.
     pub url_cache_entries: usize,
+    /// MiB of data-URL text kept so an image sent again is not decoded and hashed again (kept at
+    /// its second sighting, compared byte for byte); 0 disables.
+    pub data_url_memo_mb: usize,
     /// Stored or EXIF-oriented dimensions.
     pub orientation: Orientation,
     /// Deadline for all images of one request together.
@@ -80,6 +83,7 @@ impl Default for MediaConfig {
             trust_client_uuids: false,
             url_cache_ttl_secs: 300,
             url_cache_entries: 4096,
+            data_url_memo_mb: 64,
             orientation: Orientation::Stored,
             deadline_ms: 15_000,
             report_transposed: false,

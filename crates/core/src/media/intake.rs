@@ -16,6 +16,7 @@ use crate::media::fetch::Fetcher;
 use crate::media::guard::Guard;
 use crate::media::image::{ImageInfo, Source};
 use crate::media::probe::{probe_bytes, probe_header, transposes, HEADER_PROBE_BYTES};
+use crate::media::resent::{Lookup, ResentImages};
 
 /// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +45,7 @@ struct Inner {
     guard: Arc<Guard>,
     fetcher: Fetcher,
     cache: UrlCache,
+    resent: ResentImages,
 }
 
 impl Intake {
@@ -53,7 +55,8 @@ impl Intake {
         let guard = Arc::new(Guard::new(&cfg)?);
         let fetcher = Fetcher::new(&cfg, Arc::clone(&guard))?;
         let cache = UrlCache::new(Duration::from_secs(cfg.url_cache_ttl_secs), cfg.url_cache_entries);
-        Ok(Intake { inner: Arc::new(Inner { cfg, guard, fetcher, cache }) })
+        let resent = ResentImages::new(cfg.data_url_memo_mb.saturating_mul(1 << 20));
+        Ok(Intake { inner: Arc::new(Inner { cfg, guard, fetcher, cache, resent }) })
     }
 
     /// The configuration in force.
@@ -125,9 +128,31 @@ impl Intake {
         }
     }
 
+    /// A data URL sent before (see `resent.rs`) is not read again; another is read and, at its
+    /// second sighting, kept.
+    async fn take_data_url(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
+        let resent = &self.inner.resent;
+        match resent.lookup(url) {
+            Lookup::Hit(info) => {
+                budget.take(info.bytes)?;
+                Ok(info)
+            }
+            Lookup::Again(key) => {
+                let info = self.read_data_url(url, budget).await?;
+                resent.keep(key, url, &info);
+                Ok(info)
+            }
+            Lookup::New(key) => {
+                let info = self.read_data_url(url, budget).await?;
+                key.into_iter().for_each(|k| resent.note(k));
+                Ok(info)
+            }
+        }
+    }
+
     /// Decodes in chunks, hashing everything and keeping only the header prefix; the whole image
     /// is materialised only if the prefix cannot be probed (or for EXIF orientation).
-    async fn take_data_url(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
+    async fn read_data_url(&self, url: &str, budget: &Budget) -> Result<ImageInfo, MediaError> {
         let cfg = &self.inner.cfg;
         let parsed = data_url::parse(url)?;
         let len = parsed.decoded_len;

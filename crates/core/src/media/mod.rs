@@ -21,7 +21,8 @@
 //! [`config`] (`[media]`), [`data_url`] (bounded base64), [`probe`] (header size, limited decode
 //! fallback), [`allow`] (the guard's configured exceptions), [`guard`] (SSRF policy + checking DNS
 //! resolver), [`fetch`] (bounded HTTP read with manual redirects), [`budget`] (the request-wide byte
-//! budget both readers charge), [`cache`] (URL → identity, TTL'd), [`intake`] (concurrency, per-request
+//! budget both readers charge), [`cache`] (URL → identity, TTL'd), [`resent`] (data URLs sent again:
+//! kept text → identity, compared whole), [`intake`] (concurrency, per-request
 //! limits, deadline, per-image timings). This file only re-exports: the children import each other by
 //! the defining file, never through here.
 
@@ -36,6 +37,7 @@ mod guard;
 mod image;
 mod intake;
 mod probe;
+mod resent;
 
 pub use config::{MediaConfig, Orientation};
 pub use data_url::decode_data_url;

@@ -56,6 +56,32 @@ async fn every_fixture_as_a_data_url_in_one_request() {
     assert_eq!((info[0].width, info[0].height), (427, 640));
 }
 
+#[tokio::test]
+async fn an_image_sent_again_keeps_its_identity_and_still_counts_against_the_budget() {
+    let bytes = fixture("rocket.jpg");
+    let url = data_url("image/jpeg", &bytes);
+    // Room for two copies of the image per request, not three.
+    let cfg =
+        MediaConfig { max_image_bytes: bytes.len(), max_total_bytes: 2 * bytes.len() + 1, ..MediaConfig::default() };
+    let intake = Intake::new(cfg).unwrap();
+    // The first request notes it, the second keeps it, the third and fourth are answered from the memo.
+    for round in 0..4 {
+        let infos = intake.process(&refs(&[url.clone(), url.clone()])).await.images.unwrap();
+        for info in &infos {
+            assert_eq!(info.digest, ImageDigest::of(&bytes), "round {round}");
+            assert_eq!((info.width, info.height, info.bytes), (640, 427, bytes.len()), "round {round}");
+        }
+    }
+    let three = intake.process(&refs(&[url.clone(), url.clone(), url.clone()])).await.images;
+    assert!(matches!(three, Err(MediaError::TotalTooLarge { .. })), "{three:?}");
+    // Other text of the same length is read, not taken for the kept image.
+    let mut other = bytes.clone();
+    let n = other.len();
+    other[n - 10] ^= 0xff;
+    let infos = intake.process(&refs(&[data_url("image/jpeg", &other)])).await.images.unwrap();
+    assert_eq!(infos[0].digest, ImageDigest::of(&other));
+}
+
 /// rocket.jpg with `segments` APP15 segments of ~60 KiB inserted after SOI, pushing SOF past the
 /// 64 KiB header prefix.
 fn jpeg_with_padding_segments(segments: usize) -> Vec<u8> {
