@@ -355,11 +355,7 @@ async fn gap_older_than_ring_resyncs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gap_without_replay_endpoint_resyncs() {
-    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
-    let mut cfg = engine.feed_config();
-    cfg.replay_endpoint = None;
-    let (handle, mut rx) = spawn_feed(cfg).unwrap();
-    engine.wait_subscribed().await;
+    let (mut engine, handle, mut rx) = subscribed_without_replay(false).await;
     engine.publish(payload(0)).await;
     engine.record(payload(1));
     engine.publish(payload(2)).await;
@@ -600,12 +596,7 @@ async fn many_gaps_under_load_are_all_filled() {
 /// resumed it delivers what it held and then follows live, as an unheld feed would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_feed_without_replay_delivers_once_resumed() {
-    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
-    let mut cfg = engine.feed_config();
-    cfg.replay_endpoint = None;
-    cfg.hold_until_resumed = true;
-    let (handle, mut rx) = spawn_feed(cfg).unwrap();
-    engine.wait_subscribed().await;
+    let (mut engine, handle, mut rx) = subscribed_without_replay(true).await;
     engine.publish(payload(0)).await;
     engine.publish(payload(1)).await;
     wait_until("both held", || handle.stats().messages == 2).await;
@@ -622,12 +613,7 @@ async fn a_held_feed_without_replay_delivers_once_resumed() {
 /// Resumed before anything arrived (the usual start: no peer, nothing published yet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_feed_without_replay_resumed_early_follows_live() {
-    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
-    let mut cfg = engine.feed_config();
-    cfg.replay_endpoint = None;
-    cfg.hold_until_resumed = true;
-    let (handle, mut rx) = spawn_feed(cfg).unwrap();
-    engine.wait_subscribed().await;
+    let (mut engine, handle, mut rx) = subscribed_without_replay(true).await;
     handle.resume(None);
     assert!(matches!(next(&mut rx).await, FeedEvent::Synced));
     engine.publish(payload(0)).await;
@@ -635,4 +621,15 @@ async fn a_held_feed_without_replay_resumed_early_follows_live() {
     engine.publish(payload(1)).await;
     expect_batch(&mut rx, 1, false).await;
     engine.shutdown().await;
+}
+
+/// An engine without a replay socket and a feed subscribed to it (`hold`: held until resumed).
+async fn subscribed_without_replay(hold: bool) -> (FakeEngine, FeedHandle, mpsc::Receiver<FeedEvent>) {
+    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;
+    let mut cfg = engine.feed_config();
+    cfg.replay_endpoint = None;
+    cfg.hold_until_resumed = hold;
+    let (handle, rx) = spawn_feed(cfg).unwrap();
+    engine.wait_subscribed().await;
+    (engine, handle, rx)
 }

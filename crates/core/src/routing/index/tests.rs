@@ -353,13 +353,19 @@ fn a_probe_completes_between_the_chunks_of_a_huge_store() {
     assert_eq!(seen, want, "one probe per chunk, each seeing exactly the chunks written so far");
 }
 
-#[test]
-fn a_write_ends_its_lock_hold_early_while_a_probe_spins_for_the_lock() {
-    let idx = index(100_000);
+/// Counts the index's lock holds from now on (each chunk of a write or a scan).
+fn count_chunks(idx: &BlockIndex) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
     let chunks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = chunks.clone();
     *idx.after_chunk.lock().unwrap() =
         Some(Box::new(move || _ = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    chunks
+}
+
+#[test]
+fn a_write_ends_its_lock_hold_early_while_a_probe_spins_for_the_lock() {
+    let idx = index(100_000);
+    let chunks = count_chunks(&idx);
     let n = 2 * WRITE_CHUNK as u64;
     idx.store_events(0, &keys(0..n));
     assert_eq!(chunks.swap(0, std::sync::atomic::Ordering::Relaxed), 2, "nobody waits: whole chunks");
@@ -375,10 +381,7 @@ fn a_write_ends_its_lock_hold_early_while_a_probe_spins_for_the_lock() {
 #[test]
 fn remove_worker_scans_in_chunks_and_stops_when_the_worker_is_gone() {
     let idx = index(100_000);
-    let chunks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = chunks.clone();
-    *idx.after_chunk.lock().unwrap() =
-        Some(Box::new(move || _ = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let chunks = count_chunks(&idx);
     let n = 3 * SCAN_CHUNK as u64;
     idx.record(1, &keys(0..n), Approximate); // slots 0..n
     idx.record(0, &keys(n..n + 10), Approximate); // the last 10 slots
