@@ -415,6 +415,41 @@ enum UrlField<'a> {
     },
 }
 
+/// The URL of an `image_url` value: a string, or an object whose `url` is one (other keys ignored, a
+/// repeated `url` refused). The usual shapes are read off the raw text with one `memchr2` pass instead
+/// of a second serde pass over what may be megabytes of base64 (~6 % of the router's CPU on a 150 KB
+/// image); anything else goes through serde.
+fn url_of<'a>(value: &'a RawValue) -> Option<Cow<'a, str>> {
+    if let Some(url) = quick_url(value.get()) {
+        return Some(Cow::Borrowed(url));
+    }
+    match serde_json::from_str::<UrlField<'a>>(value.get()) {
+        Ok(UrlField::Plain(url) | UrlField::Object { url }) => Some(url),
+        Err(_) => None,
+    }
+}
+
+/// [`url_of`]'s fast path, on a valid JSON value: a string without escapes, or an object whose first
+/// key is `url` with such a string and no other `"url"` after it. `None`: ask serde.
+fn quick_url(text: &str) -> Option<&str> {
+    let (object, rest) = match text.as_bytes().first()? {
+        b'"' => (false, &text[1..]),
+        b'{' => {
+            let value = text[1..].trim_start().strip_prefix("\"url\"")?.trim_start().strip_prefix(':')?;
+            (true, value.trim_start().strip_prefix('"')?)
+        }
+        _ => return None,
+    };
+    let end = memchr::memchr2(b'"', b'\\', rest.as_bytes())?;
+    if rest.as_bytes()[end] != b'"' {
+        return None; // an escape: serde decodes it
+    }
+    let after = rest[end + 1..].trim_start();
+    let whole =
+        if object { after == "}" || (after.starts_with(',') && !after.contains("\"url\"")) } else { after.is_empty() };
+    whole.then(|| &rest[..end])
+}
+
 /// Records an image part to fetch (its index in `ctx.images`), or the reason it cannot be.
 fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Option<usize> {
     let no_image = raw.image_url.is_none_or(|v| v.get() == "null");
@@ -425,14 +460,11 @@ fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> O
         ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: image_url missing")));
         return None;
     };
-    let url = match serde_json::from_str::<UrlField<'a>>(value.get()) {
-        Ok(UrlField::Plain(url) | UrlField::Object { url }) => url,
-        Err(_) => {
-            ctx.issue(PartError::InvalidUrl(format!(
-                "messages[{m}].content[{p}].image_url: expected a string or {{\"url\": string}}"
-            )));
-            return None;
-        }
+    let Some(url) = url_of(value) else {
+        ctx.issue(PartError::InvalidUrl(format!(
+            "messages[{m}].content[{p}].image_url: expected a string or {{\"url\": string}}"
+        )));
+        return None;
     };
     let part = ImagePart {
         url,
@@ -452,6 +484,36 @@ mod tests {
 
     fn chat(body: &[u8]) -> Request<'_> {
         Request::parse(Endpoint::Chat, body).unwrap()
+    }
+
+    #[test]
+    fn the_quick_url_reads_what_serde_reads_or_defers_to_it() {
+        let cases = [
+            r#""data:image/png;base64,AAAA""#,
+            r#"{"url":"data:image/png;base64,AAAA"}"#,
+            r#"{ "url" : "http://x/a.png" , "detail": "high" }"#,
+            r#"{"detail":"auto","url":"http://x/b.png"}"#,
+            r#"{"url":"http://x/\u0061.png"}"#,
+            r#""http://x/\"q\".png""#,
+            r#"{"url":"http://x/a.png","url":"http://x/b.png"}"#,
+            r#"{"url":"http://x/a.png","meta":{"url":"y"}}"#,
+            r#"{"url":7}"#,
+            r#"{"uri":"http://x/a.png"}"#,
+            "null",
+        ];
+        for text in cases {
+            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
+            let by_serde = match serde_json::from_str::<UrlField<'_>>(text) {
+                Ok(UrlField::Plain(u) | UrlField::Object { url: u }) => Some(u.into_owned()),
+                Err(_) => None,
+            };
+            assert_eq!(url_of(&raw).map(Cow::into_owned), by_serde, "{text}");
+            if let Some(quick) = quick_url(text) {
+                assert_eq!(Some(quick.to_owned()), by_serde, "{text}: the fast path must agree");
+            }
+        }
+        assert_eq!(quick_url(r#"{"url":"a","detail":"low"}"#), Some("a"));
+        assert_eq!(quick_url(r#"{"url":"http://x/\u0061.png"}"#), None, "escapes go to serde");
     }
 
     #[test]
