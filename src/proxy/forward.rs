@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use mmrouter_core::pipeline::{uuid_edits, PlannedImage, Route, RoutePlan};
+use mmrouter_core::pipeline::{spliced_pieces, Piece, PlannedImage, Route, RoutePlan};
 use mmrouter_core::routing::{Engine, Failure, ImageUse, Load, LoadGuard, SelectRequest, Transition};
 
 use super::context::Ctx;
@@ -176,17 +176,12 @@ fn body_for(ctx: &mut Ctx, engine: Engine) -> Pieces {
     ctx.spliced.clone().expect("just built")
 }
 
-/// `body` in pieces with the plan's uuids between them (see `uuid_edits`).
+/// `body` with the plan's uuids written in, as slices of it around them (see `spliced_pieces`).
 fn spliced(body: &Bytes, images: &[PlannedImage]) -> Pieces {
-    let mut parts = Vec::new();
-    let mut at = 0;
-    for (range, text) in uuid_edits(images) {
-        parts.push(body.slice(at..range.start));
-        parts.push(Bytes::from(text));
-        at = range.end;
-    }
-    parts.push(body.slice(at..));
-    Pieces::new(parts)
+    Pieces::new(spliced_pieces(body, images).into_iter().map(|piece| match piece {
+        Piece::Received(slice) => body.slice_ref(slice),
+        Piece::Uuid(text) => Bytes::from(text),
+    }))
 }
 
 /// Holds the request's load on worker `w` and records its blocks there (at dispatch, so a

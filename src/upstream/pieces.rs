@@ -1,6 +1,6 @@
 //! A request body sent as the pieces it is made of: the received body's slices around the spliced
 //! uuids, so splicing copies nothing (a 150 KB image body was copied whole, ~6 % of the router's CPU
-//! on that shape). Its length is exact, so hyper sends it with a Content-Length, as one write.
+//! on that shape). Its length is exact, so hyper sends it with a Content-Length, not chunked.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -40,7 +40,7 @@ use self::read::ImageReader;
 pub use self::counter::ImageCounter;
 pub use self::error::{LoadError, Rejection};
 pub use self::output::{Planned, PlannedImage, PromptTrace, Route, RoutePlan, StageTimings, UuidSplice};
-pub use self::splice::{splice_uuids, uuid_edits};
+pub use self::splice::{splice_uuids, spliced_pieces, Piece};
 
 /// What the pipeline is built from: the served model and the image intake settings.
 #[derive(Clone, Debug, PartialEq)]

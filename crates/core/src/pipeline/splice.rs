@@ -8,21 +8,33 @@ use crate::pipeline::output::PlannedImage;
 /// The body with each exact image's `uuid` written in (vLLM then names the image as the router does);
 /// every other byte stays as received.
 pub fn splice_uuids(body: &[u8], images: &[PlannedImage]) -> Vec<u8> {
-    let edits = uuid_edits(images);
-    let mut out = Vec::with_capacity(body.len() + 80 * edits.len());
-    let mut at = 0;
-    for (range, text) in edits {
-        out.extend_from_slice(&body[at..range.start]);
-        out.extend_from_slice(text.as_bytes());
-        at = range.end;
+    let pieces = spliced_pieces(body, images);
+    let mut out = Vec::with_capacity(body.len() + 80 * images.len());
+    for piece in &pieces {
+        out.extend_from_slice(piece.bytes());
     }
-    out.extend_from_slice(&body[at..]);
     out
 }
 
-/// The edits [`splice_uuids`] makes, in body order: each byte range of the received body to replace
-/// and its replacement (an empty range inserts). For a caller that sends the body in pieces.
-pub fn uuid_edits(images: &[PlannedImage]) -> Vec<(Range<usize>, String)> {
+/// One piece of a spliced body: bytes of the body as received, or a uuid written in.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece<'b> {
+    Received(&'b [u8]),
+    Uuid(String),
+}
+
+impl Piece<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Received(b) => b,
+            Piece::Uuid(text) => text.as_bytes(),
+        }
+    }
+}
+
+/// [`splice_uuids`]'s body as the pieces it is made of, in order, for a caller that sends them without
+/// joining them (the received ones are subslices of `body`).
+pub fn spliced_pieces<'b>(body: &'b [u8], images: &[PlannedImage]) -> Vec<Piece<'b>> {
     let mut edits: Vec<(Range<usize>, String)> = images
         .iter()
         .filter_map(|img| {
@@ -34,7 +46,15 @@ pub fn uuid_edits(images: &[PlannedImage]) -> Vec<(Range<usize>, String)> {
         })
         .collect();
     edits.sort_by_key(|(r, _)| r.start);
-    edits
+    let mut pieces = Vec::with_capacity(2 * edits.len() + 1);
+    let mut at = 0;
+    for (range, text) in edits {
+        pieces.push(Piece::Received(&body[at..range.start]));
+        pieces.push(Piece::Uuid(text));
+        at = range.end;
+    }
+    pieces.push(Piece::Received(&body[at..]));
+    pieces
 }
 
 #[cfg(test)]

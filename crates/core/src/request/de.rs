@@ -430,7 +430,9 @@ fn url_of<'a>(value: &'a RawValue) -> Option<Cow<'a, str>> {
 }
 
 /// [`url_of`]'s fast path, on a valid JSON value: a string without escapes, or an object whose first
-/// key is `url` with such a string and no other `"url"` after it. `None`: ask serde.
+/// key is `url` with such a string, and after it no `"url"` and no escape (a key spelt `"\u0075rl"` is
+/// a second `url`: serde refuses the duplicate, where the engine's parser would take the last one and
+/// load another image than the one the router named). `None`: ask serde.
 fn quick_url(text: &str) -> Option<&str> {
     let (object, rest) = match text.as_bytes().first()? {
         b'"' => (false, &text[1..]),
@@ -445,8 +447,11 @@ fn quick_url(text: &str) -> Option<&str> {
         return None; // an escape: serde decodes it
     }
     let after = rest[end + 1..].trim_start();
-    let whole =
-        if object { after == "}" || (after.starts_with(',') && !after.contains("\"url\"")) } else { after.is_empty() };
+    let whole = if object {
+        after == "}" || (after.starts_with(',') && !after.contains("\"url\"") && !after.contains('\\'))
+    } else {
+        after.is_empty()
+    };
     whole.then(|| &rest[..end])
 }
 
@@ -496,6 +501,7 @@ mod tests {
             r#"{"url":"http://x/\u0061.png"}"#,
             r#""http://x/\"q\".png""#,
             r#"{"url":"http://x/a.png","url":"http://x/b.png"}"#,
+            r#"{"url":"http://x/a.png","\u0075rl":"http://x/b.png"}"#,
             r#"{"url":"http://x/a.png","meta":{"url":"y"}}"#,
             r#"{"url":7}"#,
             r#"{"uri":"http://x/a.png"}"#,
@@ -514,6 +520,9 @@ mod tests {
         }
         assert_eq!(quick_url(r#"{"url":"a","detail":"low"}"#), Some("a"));
         assert_eq!(quick_url(r#"{"url":"http://x/\u0061.png"}"#), None, "escapes go to serde");
+        let twice = r#"{"url":"http://x/a.png","\u0075rl":"http://x/b.png"}"#;
+        assert_eq!(quick_url(twice), None, "an escaped second url key goes to serde");
+        assert_eq!(url_of(&serde_json::from_str::<Box<RawValue>>(twice).unwrap()), None, "and is refused");
     }
 
     #[test]
