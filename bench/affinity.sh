@@ -11,6 +11,7 @@
 # each on 4 fresh sims that publish KV events (precise mode) and model vLLM's processor and encoder
 # caches with per-image preprocess and encode time (aff_sim_args). AFF_ROUNDS rounds, each running
 # every row on both workloads, in an order rotated each round; ratios are per round against `noaff`.
+# AFF_ROWS_ONLY (e.g. "aff,noaff") keeps those rows, AFF_WL_ONLY (shared or multimodal) that workload.
 # Output: rows appended to $AFF (run.sh's $WORK/affinity.tsv, read by report.py --affinity).
 
 AFF_ROWS=(
@@ -23,10 +24,11 @@ AFF_ROWS=(
 # fit in the pool's: AFF_PROC_GB of processed pixels (1 GiB: about 57 000 encoder tokens) and
 # AFF_ENC_TOKENS encoder tokens per worker, against AFF_IMAGES camera photos of 1–12 MP (about
 # 1 000–12 000 tokens each, some 120 000 in all); the router models the same caches, its weights the
-# sims' image costs (AFF_PREPROCESS_US, default 5, and 10 µs per token) against their prefill (20 µs).
-# bench/preprocess-cost.py measures the first on this machine's CPU (HF Qwen-VL processor, one thread:
-# 7–8 µs per token for sub-megapixel photos, ~19 µs for a 3 MP one).
-AFF_PREPROCESS_US=${AFF_PREPROCESS_US:-5}
+# sims' image costs (AFF_PREPROCESS_US, default 20, and 10 µs per token) against their prefill (20 µs).
+# The default is what bench/preprocess-cost.py measures on this machine's CPU for the workload's photos
+# (HF Qwen-VL processor, one thread: 7–8 µs per token for sub-megapixel photos, ~19 µs for a 3 MP one;
+# the shared-images photos are 1–12 MP). Before stop 39 the default was an assumed 5.
+AFF_PREPROCESS_US=${AFF_PREPROCESS_US:-20}
 aff_sim_args() {
   SIM_EXTRA_ARGS=(--mm-processor-cache-gb "$AFF_PROC_GB" --encoder-cache-tokens "$AFF_ENC_TOKENS"
     --image-preprocess-us-per-token "$AFF_PREPROCESS_US" --image-encode-us-per-token 10)
@@ -99,6 +101,8 @@ affinity_section() {
       for k in $(seq 0 $((nrows - 1))); do
         i=$(((k + round - 1) % nrows))
         IFS='|' read -r row title <<<"${AFF_ROWS[$i]}"
+        [[ -z ${AFF_ROWS_ONLY:-} || ",$AFF_ROWS_ONLY," == *",$row,"* ]] || continue
+        [[ -z ${AFF_WL_ONLY:-} || $AFF_WL_ONLY == "$wl" ]] || continue
         aff_run "$wl" "$round" "$row" "$title"
       done
     done

@@ -8,7 +8,8 @@
 # caches); in precise mode they publish KV events and the router follows them. PREC_ROUNDS rounds,
 # each running both modes at every concurrency, the mode that goes first alternating round by round,
 # so the two modes are always measured seconds apart and compared round by round.
-# PREC_CONCURRENCIES overrides the concurrencies (e.g. "16").
+# PREC_CONCURRENCIES overrides the concurrencies (e.g. "16"); PREC_PRECISE_TOML adds [routing] lines to
+# the precise-mode router only (an ablation: BENCH_ROUTING_TOML reaches both).
 # Output: rows appended to $PREC (run.sh's $WORK/precise.tsv, read by report.py --precise).
 
 # prec_run CONC MODE ROUND: one run on fresh sims; appends: concurrency, mode, round, status, loadgen json,
@@ -19,12 +20,15 @@ prec_run() {
   name="precise-c$conc-$mode-$round"
   log "precise round $round, concurrency $conc: $mode"
   start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS" "$KV_BLOCKS" "$ev"
+  [[ $mode == precise ]] && ROUTER_ROUTING_TOML=${PREC_PRECISE_TOML:-}
   if ! start_router "$kind" "$name"; then
+    ROUTER_ROUTING_TOML=
     printf '%s\t%s\t%s\tn/a (%s)\t\t\t\t\n' "$conc" "$mode" "$round" "$ROUTER_ERR" >>"$PREC"
     fail "precise $name" "$ROUTER_ERR"
     stop_sims
     return 0
   fi
+  ROUTER_ROUTING_TOML=
   "$LOADGEN" loadgen --url "$ROUTER_URL" --workload "$WORK/workload.jsonl" --concurrency "$conc" \
     --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" >&2 || {
     status="n/a (loadgen failed)"

@@ -579,6 +579,12 @@ PREC_KEYS = (  # (key, title, better when higher)
 )
 
 
+def route_cached(report, route):
+    """Cached / prompt tokens of the answers on one route (loadgen's route_tokens), None without any."""
+    t = (report.get("route_tokens") or {}).get(route)
+    return t["cached_tokens"] / t["prompt_tokens"] if t and t.get("prompt_tokens") else None
+
+
 def precise_table(a, out):
     """Precise against approximate mode, round by round, per concurrency, with the goal's verdict."""
     data = {}  # (concurrency, mode) -> {round: figures}
@@ -592,6 +598,7 @@ def precise_table(a, out):
             "cached": int(hits) / int(prompt) if prompt and int(prompt) > 0 else None,
             "p50": r["latency_ms"]["p50"], "p99": r["latency_ms"]["p99"], "ttfb50": r["ttfb_ms"]["p50"],
             "time": r["duration_secs"], "ok": r["ok"], "sent": r["requests"], "split": split,
+            "exact": route_cached(r, "exact"), "text_prefix": route_cached(r, "text_prefix"),
         }
     median = statistics.median
     concs = in_order(k[0] for k in data)
@@ -601,8 +608,8 @@ def precise_table(a, out):
         f"## Precise against approximate mode, in turns ({nrounds} round(s))",
         "",
         "| concurrency | mode | ok/sent | cached (sims) | p50 ms | p99 ms | TTFB p50 | completion s "
-        "| prompt tokens per sim | cached × approx. | p50 × approx. | p99 × approx. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prompt tokens per sim | cached: exact / fallback routes | cached × approx. | p50 × approx. | p99 × approx. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
     for conc in concs:
@@ -622,10 +629,12 @@ def precise_table(a, out):
                        if r in appr and rounds[r][key] and appr[r][key]] if mode == "precise" else []
                 cells.append(f"{median(per):.3f}× ({min(per):.2f}–{max(per):.2f})" if per else "-")
             cached = med("cached")
+            by_route = " / ".join("-" if med(k) is None else f"{100 * med(k):.1f}%" for k in ("exact", "text_prefix"))
             out.append(
                 f"| {conc} | {mode} | {sum(f['ok'] for f in figs)}/{sum(f['sent'] for f in figs)} "
                 f"| {'-' if cached is None else f'{100 * cached:.1f}%'} | {ms(med('p50'))} | {ms(med('p99'))} "
-                f"| {ms(med('ttfb50'))} | {med('time'):.2f} | {shares(figs[0]['split'])} | " + " | ".join(cells) + " |")
+                f"| {ms(med('ttfb50'))} | {med('time'):.2f} | {shares(figs[0]['split'])} | {by_route} | "
+                + " | ".join(cells) + " |")
         if not appr or not prec:
             verdicts.append(f"- concurrency {conc}: not measured (a mode did not run)")
             continue
@@ -644,7 +653,8 @@ def precise_table(a, out):
         "router follows them. Figures are medians over the rounds; the × columns are the median over the rounds "
         "of precise / approximate in the same round (lowest–highest in brackets). Each round runs both modes at "
         "every concurrency, the mode that goes first alternating. cached (sims) = Σ vllm:prefix_cache_hits_total "
-        "/ Σ vllm:prompt_tokens_total; p50 / p99 = whole-response latency; prompt tokens per sim: the first "
+        "/ Σ vllm:prompt_tokens_total; cached by route = the answers' usage (cached / prompt tokens) on exact "
+        "plans and on text-prefix fallbacks; p50 / p99 = whole-response latency; prompt tokens per sim: the first "
         "round's.",
         "",
     ] + verdicts + [f"- not measured: {b}" for b in bad]
@@ -714,8 +724,8 @@ def affinity_table(a, out):
     out += [
         "",
         "Every row on 4 fresh sims publishing KV events, with vLLM's processor and encoder caches modelled "
-        "(per-image preprocess 5 µs and encode 10 µs per image token, skipped on a hit; prefill 20 µs per "
-        "uncached token). shared = one-turn requests, each with its own system prompt and question around one "
+        f"(per-image preprocess {a.aff_preprocess_us:g} µs and encode 10 µs per image token, skipped on a hit; "
+        f"prefill {a.prefill_us:g} µs per uncached token). shared = one-turn requests, each with its own system prompt and question around one "
         "of a few shared images (no text before an image is shared); multimodal = the routing section's "
         "workload. mean TTFT = the mean time to the first streamed chunk at the client; figures are medians "
         "over the rounds, ratios the median over the rounds of (row / the no-affinity row of the same round), "
@@ -753,6 +763,7 @@ def main():
     ap.add_argument("--params", required=True)
     ap.add_argument("--ttft-base-ms", type=float, required=True)
     ap.add_argument("--prefill-us", type=float, required=True)
+    ap.add_argument("--aff-preprocess-us", type=float, default=20.0, help="the affinity sims' preprocessing µs per image token")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="CPUs the run had (the CPU bound)")
     ap.add_argument("--clk-tck", type=int, default=os.sysconf("SC_CLK_TCK"), help="clock ticks per second")
     a = ap.parse_args()

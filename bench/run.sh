@@ -38,7 +38,7 @@
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
 #   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB, AFF_ENC_TOKENS and AFF_PREPROCESS_US (the
-#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 5; the router's weight follows it), REPL_ROUNDS (rounds of the replicas section),
+#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 20 as bench/preprocess-cost.py measured; the router's weight follows it), AFF_ROWS_ONLY (its rows to keep: aff,noaff,sgl,rr) and AFF_WL_ONLY (shared or multimodal), PREC_PRECISE_TOML ([routing] lines for the precise section's precise-mode router only), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
@@ -725,7 +725,7 @@ OUT=${BENCH_OUT:-$OUT}
 # and exits 2, its stderr naming each figure, and the previous results file stays as it was.
 if python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" \
   --precise "$PREC" --affinity "$AFF" --params "$PARAMS" --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" \
-  --cores "$(nproc)" --clk-tck "$CLK_TCK" >"$WORK/report.md" 2>"$WORK/report.err"; then
+  --aff-preprocess-us "$AFF_PREPROCESS_US" --cores "$(nproc)" --clk-tck "$CLK_TCK" >"$WORK/report.md" 2>"$WORK/report.err"; then
   cp "$WORK/report.md" "$OUT"
   cat "$OUT"
 else

@@ -142,6 +142,17 @@ pub struct Report {
     pub routes: BTreeMap<String, u64>,
     /// Counts of `x-mmrouter-worker` values (`-` when absent).
     pub workers: BTreeMap<String, u64>,
+    /// Prompt and cached tokens by `x-mmrouter-route` value (where a route's cache hits come from:
+    /// exact plans against fallbacks).
+    #[serde(default)]
+    pub route_tokens: BTreeMap<String, Tokens>,
+}
+
+/// Σ of `usage` over some answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokens {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
 }
 
 impl Report {
@@ -469,6 +480,7 @@ fn summarise(label: &str, mode: String, outcomes: &[Outcome], elapsed: Duration)
     let mut errors = BTreeMap::new();
     let mut routes = BTreeMap::new();
     let mut workers = BTreeMap::new();
+    let mut route_tokens: BTreeMap<String, Tokens> = BTreeMap::new();
     let (mut latency, mut ttfb) = (Vec::new(), Vec::new());
     let (mut ok, mut prompt, mut cached, mut usage_missing) = (0u64, 0u64, 0u64, 0u64);
     for o in outcomes {
@@ -480,14 +492,18 @@ fn summarise(label: &str, mode: String, outcomes: &[Outcome], elapsed: Duration)
                 if let Some(t) = o.ttfb {
                     ttfb.push(ms(t));
                 }
+                let route = a.route.clone().unwrap_or_else(|| "-".into());
                 match a.usage {
                     Some(u) => {
                         prompt = prompt.saturating_add(u.prompt_tokens);
                         cached = cached.saturating_add(u.cached_tokens);
+                        let t = route_tokens.entry(route.clone()).or_default();
+                        t.prompt_tokens = t.prompt_tokens.saturating_add(u.prompt_tokens);
+                        t.cached_tokens = t.cached_tokens.saturating_add(u.cached_tokens);
                     }
                     None => usage_missing += 1,
                 }
-                *routes.entry(a.route.clone().unwrap_or_else(|| "-".into())).or_insert(0) += 1;
+                *routes.entry(route).or_insert(0) += 1;
                 *workers.entry(a.worker.clone().unwrap_or_else(|| "-".into())).or_insert(0) += 1;
             }
         }
@@ -509,6 +525,7 @@ fn summarise(label: &str, mode: String, outcomes: &[Outcome], elapsed: Duration)
         usage_missing,
         routes,
         workers,
+        route_tokens,
     }
 }
 
@@ -551,6 +568,8 @@ mod tests {
         assert_eq!(r.routes.get("exact"), Some(&1));
         assert_eq!(r.routes.get("-"), Some(&1));
         assert_eq!(r.workers.get("w0"), Some(&3));
+        assert_eq!(r.route_tokens.get("exact"), Some(&Tokens { prompt_tokens: 100, cached_tokens: 50 }));
+        assert_eq!(r.route_tokens.get("text_prefix"), Some(&Tokens { prompt_tokens: 300, cached_tokens: 0 }));
         assert!(r.table_row().contains("| 3/5 |"), "{}", r.table_row());
     }
 
