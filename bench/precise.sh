@@ -9,7 +9,8 @@
 # each running both modes at every concurrency, the mode that goes first alternating round by round,
 # so the two modes are always measured seconds apart and compared round by round.
 # PREC_CONCURRENCIES overrides the concurrencies (e.g. "16"); PREC_PRECISE_TOML adds [routing] lines to
-# the precise-mode router only (an ablation: BENCH_ROUTING_TOML reaches both).
+# the precise-mode router only (an ablation: BENCH_ROUTING_TOML reaches both); PREC_SIM_EVENTS=both has
+# the sims publish KV events in approximate mode too (unread: the CPU the events cost, as a control).
 # Output: rows appended to $PREC (run.sh's $WORK/precise.tsv, read by report.py --precise).
 
 # prec_run CONC MODE ROUND: one run on fresh sims; appends: concurrency, mode, round, status, loadgen json,
@@ -17,6 +18,9 @@
 prec_run() {
   local conc=$1 mode=$2 round=$3 ev= kind=mmrouter:kv:true name status=ok
   [[ $mode == precise ]] && { ev=events; kind+=":events"; }
+  # A control: the sims publish events in both modes (the approximate router does not subscribe), so
+  # both pay the publishing's CPU on this shared host.
+  [[ ${PREC_SIM_EVENTS:-} == both ]] && ev=events
   name="precise-c$conc-$mode-$round"
   log "precise round $round, concurrency $conc: $mode"
   start_sims "$N_SIMS" "$TTFT_BASE_MS" "$PREFILL_US" "$DECODE_MS" "$KV_BLOCKS" "$ev"

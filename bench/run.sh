@@ -38,7 +38,7 @@
 #   BENCH_SHAPES (comma-separated overhead/throughput shapes to keep, e.g. text,unique-2000),
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
 #   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB, AFF_ENC_TOKENS and AFF_PREPROCESS_US (the
-#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 20 as bench/preprocess-cost.py measured; the router's weight follows it), AFF_ROWS_ONLY (its rows to keep: aff,noaff,sgl,rr) and AFF_WL_ONLY (shared or multimodal), PREC_PRECISE_TOML ([routing] lines for the precise section's precise-mode router only), REPL_ROUNDS (rounds of the replicas section),
+#   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 20 as bench/preprocess-cost.py measured; the router's weight follows it), AFF_ROWS_ONLY (its rows to keep: aff,noaff,sgl,rr) and AFF_WL_ONLY (shared or multimodal), PREC_PRECISE_TOML ([routing] lines for the precise section's precise-mode router only), PREC_SIM_EVENTS=both (its sims publish KV events in approximate mode too, unread: a control for their CPU), REPL_ROUNDS (rounds of the replicas section),
 #   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
