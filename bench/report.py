@@ -644,7 +644,11 @@ def precise_table(a, out):
             av = median(f[key] for f in appr.values())
             ok = pv >= av if higher else pv <= av
             shown = (lambda v: f"{100 * v:.1f}%") if key == "cached" else (lambda v: f"{v:.1f} ms")
-            parts.append(f"{title} {shown(pv)} vs {shown(av)} ({'holds' if ok else 'MISSED'})")
+            paired = [r for r in prec if r in appr]
+            better = (lambda p, a: p >= a) if higher else (lambda p, a: p <= a)
+            ahead = sum(1 for r in paired if better(prec[r][key], appr[r][key]))
+            parts.append(f"{title} {shown(pv)} vs {shown(av)} ({'holds' if ok else 'MISSED'}; "
+                         f"precise as good or better in {ahead} of {len(paired)} rounds)")
         verdicts.append(f"- concurrency {conc}, precise ≥ approximate: " + "; ".join(parts))
     out += [
         "",

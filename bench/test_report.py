@@ -137,5 +137,31 @@ class ReportChecks(unittest.TestCase):
         self.assertIn("throughput / unique-2000 / direct / run 1 / duration s", p.stderr)
 
 
+    def test_precise_table_shows_cached_by_route_and_rounds_ahead(self):
+        """Precise against approximate: per-route cached shares from loadgen's route_tokens, and how
+        many rounds precise mode was as good or better in, beside the medians' verdict."""
+        prec = os.path.join(self.tmp.name, "precise.tsv")
+        # (mode, round) -> (sims' hits of 1000 prompt tokens, p50 ms, exact cached, fallback cached of 100 each)
+        runs = {("approximate", 1): (500, 100, 50, 60), ("precise", 1): (520, 90, 52, 70),
+                ("approximate", 2): (510, 100, 50, 60), ("precise", 2): (505, 95, 50, 55),
+                ("approximate", 3): (500, 100, 50, 60), ("precise", 3): (530, 110, 54, 66)}
+        for (mode, rnd), (hits, p50, exact, fb) in runs.items():
+            r = loadgen_report(f"precise-c8-{mode}-{rnd}", 10, 1.0, 8, p50)
+            r["route_tokens"] = {"exact": {"prompt_tokens": 100, "cached_tokens": exact},
+                                 "text_prefix": {"prompt_tokens": 100, "cached_tokens": fb}}
+            path = self.run.write_report(f"precise-c8-{mode}-{rnd}", r)
+            Run.append(prec, 8, mode, rnd, "ok", path, hits, 1000, "250,250,250,250")
+        self.run.throughput(CPU)
+        cmd = [sys.executable, REPORT, "--rows", self.run.empty, "--overhead", self.run.empty,
+               "--throughput", self.run.thru, "--precise", prec, "--params", "test", "--ttft-base-ms", "5",
+               "--prefill-us", "20", "--cores", "2", "--clk-tck", "100"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("| 8 | precise | 30/30 | 52.0% | 95.0 |", p.stdout)
+        self.assertIn("| 52.0% / 66.0% |", p.stdout)
+        self.assertIn("cached (sims) 52.0% vs 50.0% (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
+        self.assertIn("p50 ms 95.0 ms vs 100.0 ms (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()
