@@ -63,9 +63,10 @@ class Run:
         with open(path, "a") as f:
             f.write("\t".join(map(str, cols)) + "\n")
 
-    def report(self):
+    def report(self, *extra):
         cmd = [sys.executable, REPORT, "--rows", self.empty, "--overhead", self.over, "--throughput", self.thru,
-               "--params", "test", "--ttft-base-ms", "5", "--prefill-us", "20", "--cores", "2", "--clk-tck", "100"]
+               "--params", "test", "--ttft-base-ms", "5", "--prefill-us", "20", "--cores", "2", "--clk-tck", "100",
+               *extra]
         return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -136,7 +137,6 @@ class ReportChecks(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("throughput / unique-2000 / direct / run 1 / duration s", p.stderr)
 
-
     def test_precise_table_shows_cached_by_route_and_rounds_ahead(self):
         """Precise against approximate: per-route cached shares from loadgen's route_tokens, and how
         many rounds precise mode was as good or better in, beside the medians' verdict."""
@@ -151,11 +151,7 @@ class ReportChecks(unittest.TestCase):
                                  "text_prefix": {"prompt_tokens": 100, "cached_tokens": fb}}
             path = self.run.write_report(f"precise-c8-{mode}-{rnd}", r)
             Run.append(prec, 8, mode, rnd, "ok", path, hits, 1000, "250,250,250,250")
-        self.run.throughput(CPU)
-        cmd = [sys.executable, REPORT, "--rows", self.run.empty, "--overhead", self.run.empty,
-               "--throughput", self.run.thru, "--precise", prec, "--params", "test", "--ttft-base-ms", "5",
-               "--prefill-us", "20", "--cores", "2", "--clk-tck", "100"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        p = self.run.report("--precise", prec)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("| 8 | precise | 30/30 | 52.0% | 95.0 |", p.stdout)
         self.assertIn("| 52.0% / 66.0% |", p.stdout)
