@@ -215,7 +215,7 @@ impl AppState {
     }
 
     /// Waits for a generation slot, then takes the prefix hit and pins the prompt's blocks.
-    async fn admit(self: &Arc<Self>, prompt: &SimPrompt) -> Result<Admitted, SimError> {
+    async fn admit(self: &Arc<Self>, prompt: &Arc<SimPrompt>) -> Result<Admitted, SimError> {
         let waiting = Gauge::up(self, |c| &c.waiting);
         let mut cut = self.cut.subscribe();
         let permit = tokio::select! {
@@ -364,7 +364,8 @@ struct Job {
     id: String,
     created: u64,
     model: String,
-    prompt: SimPrompt,
+    /// Shared with the event publisher task, which hashes and encodes it after the admission.
+    prompt: Arc<SimPrompt>,
     output_tokens: u32,
     finish_reason: &'static str,
     stream: bool,
@@ -596,7 +597,7 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
         id: format!("{prefix}-{}-{seq}", opts.name),
         created: unix_now(),
         model,
-        prompt,
+        prompt: Arc::new(prompt),
         output_tokens,
         finish_reason,
         stream,

@@ -22,7 +22,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessage};
 
-use super::ring::{lock, Counters, Log, Outgoing};
+use super::batcher::Batcher;
+use super::ring::{lock, Change, Log, Outgoing};
 use crate::options::SimOptions;
 
 /// Longest a send may wait on a slow subscriber before the batch is given up.
@@ -43,8 +44,8 @@ impl Sockets {
         endpoint: &str,
         opts: &SimOptions,
         log: Arc<Mutex<Log>>,
-        counters: Arc<Counters>,
-        queue: mpsc::Receiver<Outgoing>,
+        batcher: Batcher,
+        queue: mpsc::Receiver<Change>,
     ) -> anyhow::Result<Sockets> {
         let topic = Bytes::from(opts.kv_events_topic.clone());
         let mut xpub = XPubSocket::new();
@@ -55,7 +56,7 @@ impl Sockets {
             queue,
             topic: topic.clone(),
             delay: Duration::from_millis(opts.kv_events_delay_ms),
-            counters,
+            batcher,
             subscriptions: subscriptions.clone(),
         };
         let mut sockets = Sockets {
@@ -88,22 +89,23 @@ impl Drop for Sockets {
 
 struct PublishTask {
     socket: XPubSocket,
-    queue: mpsc::Receiver<Outgoing>,
+    queue: mpsc::Receiver<Change>,
     topic: Bytes,
     delay: Duration,
-    counters: Arc<Counters>,
+    batcher: Batcher,
     subscriptions: Arc<AtomicU64>,
 }
 
 impl PublishTask {
-    /// Sends queued batches once they are `delay` old, in seq order, while taking in subscriptions.
+    /// Turns queued changes into batches and sends them once they are `delay` old, in seq order, while
+    /// taking in subscriptions.
     async fn run(mut self) {
         let mut due: VecDeque<Outgoing> = VecDeque::new();
         loop {
             let next_at = due.front().map(|o| o.created + self.delay);
             tokio::select! {
-                outgoing = self.queue.recv() => match outgoing {
-                    Some(outgoing) => due.push_back(outgoing),
+                change = self.queue.recv() => match change {
+                    Some(change) => due.extend(self.batcher.batch(&change)),
                     None => return,
                 },
                 message = self.socket.recv() => {
@@ -127,11 +129,11 @@ impl PublishTask {
         match tokio::time::timeout(SEND_TIMEOUT, self.socket.send(message)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                self.counters.overflowed.fetch_add(1, Relaxed);
+                self.batcher.counters.overflowed.fetch_add(1, Relaxed);
                 tracing::debug!(seq = outgoing.seq, error = %e, "sim: kv event batch not sent");
             }
             Err(_) => {
-                self.counters.overflowed.fetch_add(1, Relaxed);
+                self.batcher.counters.overflowed.fetch_add(1, Relaxed);
                 tracing::debug!(seq = outgoing.seq, "sim: kv event batch given up on a slow subscriber");
             }
         }

@@ -306,8 +306,12 @@ async fn dropped_batches_are_a_gap_the_feed_fills_by_replay() {
     rig.sim.set_kv_events_drop_rate(1.0);
     rig.chat(&text_body("two", 30)).await;
     rig.chat(&text_body("three", 30)).await;
-    let stats = rig.sim.stats();
-    assert_eq!((stats.kv_batches, stats.kv_batches_dropped), (3, 2));
+    // The publisher task makes batches after the answers, so wait for it.
+    wait_until("three batches, two dropped", || {
+        let stats = rig.sim.stats();
+        (stats.kv_batches, stats.kv_batches_dropped) == (3, 2)
+    })
+    .await;
     rig.sim.set_kv_events_drop_rate(0.0);
     rig.chat(&text_body("four", 30)).await;
     let mut seen = Vec::new();
