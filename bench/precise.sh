@@ -14,7 +14,8 @@
 # Output: rows appended to $PREC (run.sh's $WORK/precise.tsv, read by report.py --precise).
 
 # prec_run CONC MODE ROUND: one run on fresh sims; appends: concurrency, mode, round, status, loadgen json,
-# Σ sims' cached tokens, Σ sims' prompt tokens, prompt tokens per sim.
+# Σ sims' cached tokens, Σ sims' prompt tokens, prompt tokens per sim. Each request's route, worker and
+# usage go to $WORK/<run>.requests.jsonl (where the two modes differ, request by request).
 prec_run() {
   local conc=$1 mode=$2 round=$3 ev= kind=mmrouter:kv:true name status=ok
   [[ $mode == precise ]] && { ev=events; kind+=":events"; }
@@ -34,7 +35,8 @@ prec_run() {
   fi
   ROUTER_ROUTING_TOML=
   "$LOADGEN" loadgen --url "$ROUTER_URL" --workload "$WORK/workload.jsonl" --concurrency "$conc" \
-    --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" >&2 || {
+    --timeout-secs 120 --label "$name" --json-out "$WORK/$name.json" \
+    --requests-out "$WORK/$name.requests.jsonl" >&2 || {
     status="n/a (loadgen failed)"
     fail "precise $name" "loadgen failed (see the log above)"
   }

@@ -83,6 +83,11 @@ pub struct LoadgenOptions {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+    /// Also write one JSON line per request sent to this file, in send order: its workload line,
+    /// conversation, send time and latency (ms from the run's start), status, route, worker and usage
+    /// (to compare where two runs of one workload differ, request by request).
+    #[arg(long)]
+    pub requests_out: Option<PathBuf>,
     /// Name of this run in the report.
     #[arg(long, default_value = "run")]
     pub label: String,
@@ -104,6 +109,7 @@ impl LoadgenOptions {
             skip: 0,
             timeout_secs: 120.0,
             json_out: None,
+            requests_out: None,
             label: "run".into(),
             headers: Vec::new(),
         }
@@ -282,7 +288,17 @@ struct Shared {
     headers: Vec<(String, String)>,
     next_url: AtomicUsize,
     requests: Vec<Request>,
-    outcomes: Mutex<Vec<Outcome>>,
+    start: Instant,
+    outcomes: Mutex<Vec<Sent>>,
+}
+
+/// One request's outcome, with which request it was and when it was sent.
+struct Sent {
+    /// Index into [`Shared::requests`].
+    request: usize,
+    /// Since the run's start.
+    at: Duration,
+    outcome: Outcome,
 }
 
 impl Shared {
@@ -290,9 +306,10 @@ impl Shared {
         let req = &self.requests[i];
         let n = self.next_url.fetch_add(1, Ordering::Relaxed) % self.urls.len();
         let url = format!("{}{}", self.urls[n], req.path);
+        let at = self.start.elapsed();
         let outcome = client::execute(&self.client, &url, &self.headers, req.body.clone()).await;
         if let Ok(mut o) = self.outcomes.lock() {
-            o.push(outcome);
+            o.push(Sent { request: i, at, outcome });
         }
     }
 }
@@ -449,10 +466,11 @@ async fn run_typed(opts: LoadgenOptions) -> Result<Report, LoadgenError> {
         headers,
         next_url: AtomicUsize::new(0),
         requests,
+        start: Instant::now(),
         outcomes: Mutex::new(Vec::new()),
     });
 
-    let start = Instant::now();
+    let start = shared.start;
     let stop = Stop { deadline: deadline.map(|d| start + d), max_requests: opts.max_requests.unwrap_or(usize::MAX) };
     let mode = match opts.rate {
         Some(rate) => {
@@ -465,17 +483,51 @@ async fn run_typed(opts: LoadgenOptions) -> Result<Report, LoadgenError> {
         }
     };
     let elapsed = start.elapsed();
-    let outcomes = shared.outcomes.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
+    let mut sent = shared.outcomes.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
+    let outcomes: Vec<&Outcome> = sent.iter().map(|s| &s.outcome).collect();
     let report = summarise(&opts.label, mode, &outcomes, elapsed);
+    let write = |path: &PathBuf, bytes: Vec<u8>| {
+        std::fs::write(path, bytes).map_err(|source| LoadgenError::Write { path: path.clone(), source })
+    };
     if let Some(path) = &opts.json_out {
         let json = serde_json::to_vec_pretty(&report)
             .map_err(|e| LoadgenError::Write { path: path.clone(), source: e.into() })?;
-        std::fs::write(path, json).map_err(|source| LoadgenError::Write { path: path.clone(), source })?;
+        write(path, json)?;
+    }
+    if let Some(path) = &opts.requests_out {
+        sent.sort_by_key(|s| s.at);
+        write(path, request_lines(&sent, &shared.requests, opts.skip))?;
     }
     Ok(report)
 }
 
-fn summarise(label: &str, mode: String, outcomes: &[Outcome], elapsed: Duration) -> Report {
+/// `--requests-out`: one JSON object per line and request, in send order.
+fn request_lines(sent: &[Sent], requests: &[Request], skip: usize) -> Vec<u8> {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let mut out = Vec::new();
+    for s in sent {
+        let (status, route, worker, usage) = match &s.outcome.result {
+            Ok(a) => ("ok".to_string(), a.route.as_deref(), a.worker.as_deref(), a.usage),
+            Err(e) => (e.report_key(), None, None, None),
+        };
+        let line = serde_json::json!({
+            "line": skip + s.request + 1,
+            "conversation": &*requests[s.request].conversation,
+            "at_ms": ms(s.at),
+            "latency_ms": ms(s.outcome.latency),
+            "status": status,
+            "route": route,
+            "worker": worker,
+            "prompt_tokens": usage.map(|u| u.prompt_tokens),
+            "cached_tokens": usage.map(|u| u.cached_tokens),
+        });
+        out.extend_from_slice(line.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn summarise(label: &str, mode: String, outcomes: &[&Outcome], elapsed: Duration) -> Report {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut errors = BTreeMap::new();
     let mut routes = BTreeMap::new();
@@ -483,7 +535,7 @@ fn summarise(label: &str, mode: String, outcomes: &[Outcome], elapsed: Duration)
     let mut route_tokens: BTreeMap<String, Tokens> = BTreeMap::new();
     let (mut latency, mut ttfb) = (Vec::new(), Vec::new());
     let (mut ok, mut prompt, mut cached, mut usage_missing) = (0u64, 0u64, 0u64, 0u64);
-    for o in outcomes {
+    for &o in outcomes {
         match &o.result {
             Err(e) => *errors.entry(e.report_key()).or_insert(0) += 1,
             Ok(a) => {
@@ -556,7 +608,7 @@ mod tests {
             Outcome { latency: Duration::from_millis(5), ttfb: None, result: Err(RequestError::Status(503)) },
             Outcome { latency: Duration::from_millis(5), ttfb: None, result: Err(RequestError::Timeout) },
         ];
-        let r = summarise("t", "closed(1)".into(), &outcomes, Duration::from_secs(2));
+        let r = summarise("t", "closed(1)".into(), &outcomes.iter().collect::<Vec<_>>(), Duration::from_secs(2));
         assert_eq!((r.requests, r.ok), (5, 3));
         assert_eq!(r.errors.get("http_503"), Some(&1));
         assert_eq!(r.errors.get("timeout"), Some(&1));
@@ -571,6 +623,26 @@ mod tests {
         assert_eq!(r.route_tokens.get("exact"), Some(&Tokens { prompt_tokens: 100, cached_tokens: 50 }));
         assert_eq!(r.route_tokens.get("text_prefix"), Some(&Tokens { prompt_tokens: 300, cached_tokens: 0 }));
         assert!(r.table_row().contains("| 3/5 |"), "{}", r.table_row());
+    }
+
+    #[test]
+    fn request_lines_name_each_request_its_answer_and_usage() {
+        let sent = vec![
+            Sent { request: 1, at: Duration::from_micros(1_500), outcome: ok(10, 100, 50, Some("exact")) },
+            Sent {
+                request: 0,
+                at: Duration::from_millis(3),
+                outcome: Outcome { latency: Duration::from_millis(5), ttfb: None, result: Err(RequestError::Timeout) },
+            },
+        ];
+        let text = String::from_utf8(request_lines(&sent, &requests(&["a", "b"]), 10)).expect("utf-8");
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        assert_eq!(lines.len(), 2);
+        let first = serde_json::json!({"line": 12, "conversation": "b", "at_ms": 1.5, "latency_ms": 10.0,
+            "status": "ok", "route": "exact", "worker": "w0", "prompt_tokens": 100, "cached_tokens": 50});
+        assert_eq!(lines[0], first);
+        assert_eq!((lines[1]["line"].as_u64(), lines[1]["status"].as_str()), (Some(11), Some("timeout")));
+        assert!(lines[1]["cached_tokens"].is_null() && lines[1]["worker"].is_null());
     }
 
     fn requests(convs: &[&str]) -> Vec<Request> {
