@@ -601,7 +601,7 @@ mod tests {
 
     #[test]
     fn summary_counts_errors_routes_and_cached_ratio() {
-        let outcomes = vec![
+        let outcomes = [
             ok(10, 100, 50, Some("exact")),
             ok(30, 300, 0, Some("text_prefix")),
             ok(20, 0, 0, None),
