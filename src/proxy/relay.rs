@@ -60,14 +60,9 @@ fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: End
     if let (Outcome::Complete, Some(actual), Some(key)) =
         (end.outcome, end.usage_prompt_tokens, ctx.plan().unseen_key())
     {
-        // A fallback's images as its engine counted them: the next turn weighs this prefix by it, and
-        // a first sighting's the prior of the next first sightings.
-        let unseen = u32::try_from(actual.saturating_sub(u64::from(ctx.plan().prompt_tokens))).unwrap_or(u32::MAX);
-        let router = &ctx.pool().router;
-        router.learn_unseen(key, unseen);
-        if ctx.decision.as_ref().is_some_and(|d| d.unseen.first_sighting) {
-            router.learn_unseen_first(unseen);
-        }
+        // A fallback's images as its engine counted them: the next turn weighs this prefix by it.
+        let unseen = actual.saturating_sub(u64::from(ctx.plan().prompt_tokens));
+        ctx.pool().router.learn_unseen(key, u32::try_from(unseen).unwrap_or(u32::MAX));
     }
     let ending = match end.outcome.cut_reason() {
         Some(reason) => {

@@ -559,7 +559,7 @@ impl Router {
         let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
         let image_credit = self.image_credit(&workers, req, &overlap_blocks);
         let unseen = match req.unseen {
-            true => Unseen::weigh(&self.unseen.along(req.blocks), &overlap_blocks, self.unseen.prior()),
+            true => Unseen::weigh(&self.unseen.along(req.blocks), &overlap_blocks),
             false => Unseen::default(),
         };
         let candidates = Candidates {
@@ -641,13 +641,6 @@ impl Router {
                 link.unseen_learnt(key, tokens);
             }
         }
-    }
-
-    /// A fallback decided without any learnt prefix ([`Unseen::first_sighting`]) cost its engine
-    /// `tokens` more than the router counted: the prior of later first sightings follows it. Not
-    /// shared with other replicas (each keeps its own mean).
-    pub fn learn_unseen_first(&self, tokens: u32) {
-        self.unseen.learn_first(tokens);
     }
 
     /// Another replica learnt a fallback prefix's unseen tokens ([`Link::unseen_learnt`]); not passed
@@ -893,35 +886,6 @@ mod tests {
         r.worker(1).release_remote(heavy, 1); // a doubled release saturates
         assert_eq!(r.worker(1).remote_inflight(), InFlight::default());
         assert_eq!(r.select(&req).unwrap().worker(), 1);
-    }
-
-    #[test]
-    fn a_fallbacks_first_sighting_books_the_prior_and_a_learnt_prefix_its_own_count() {
-        let r = Router::new(RoutingConfig::default(), specs(&["a", "b"])).unwrap();
-        let blocks = [21u64, 22, 23, 24];
-        let req = SelectRequest {
-            prompt_tokens: 64,
-            block_size: 16,
-            blocks: &blocks,
-            decode_tokens: 0,
-            images: Vec::new(),
-            unseen: true,
-        };
-        let d = r.select(&req).unwrap();
-        assert_eq!((d.unseen.total, d.unseen.first_sighting), (0, true), "nothing learnt yet");
-        assert_eq!(d.prefill_tokens(0, 64, 16), 64);
-        r.learn_unseen_first(16_000);
-        let d = r.select(&req).unwrap();
-        assert_eq!((d.unseen.total, d.unseen.first_sighting), (16_000, true));
-        // Booked on whichever worker takes it: no worker holds a first sighting's tokens.
-        assert_eq!((d.prefill_tokens(0, 64, 16), d.prefill_tokens(1, 64, 16)), (16_064, 16_064));
-        // A prefix learnt along the prompt is its own count, not the prior.
-        r.learn_unseen(22, 900);
-        let d = r.select(&req).unwrap();
-        assert_eq!((d.unseen.total, d.unseen.first_sighting), (900, false));
-        // Not a fallback: nothing unseen.
-        let d = r.select(&SelectRequest { unseen: false, ..req }).unwrap();
-        assert_eq!((d.unseen.total, d.prefill_tokens(0, 64, 16)), (0, 64));
     }
 
     #[test]

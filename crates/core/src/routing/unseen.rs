@@ -6,12 +6,6 @@
 //! really cost (`usage.prompt_tokens`); the difference is remembered against the plan's last block
 //! key, so a later prompt that extends that prefix weighs it at the engine's count.
 //!
-//! A fallback's *first* turn has no learnt prefix, yet its engine prefills the photo all the same: the
-//! router would book it at its text's few tokens and send the next requests to a worker that is busy
-//! for hundreds of milliseconds. So a first sighting is weighed at the **prior**: a running mean of
-//! what earlier first sightings' engines counted beyond their plans (no request's images, only a
-//! per-pool average of fallback requests), 0 until one was answered.
-//!
 //! Nothing of any image is kept: no identity, no per-image count, only "the prefix ending at this
 //! key held this many more tokens than its unexpanded text" (the mission's fallback rule). A worker
 //! (or a peer replica) that misreports skews only the weight of the prefixes it reports on, and by at
@@ -31,14 +25,9 @@ pub const DEFAULT_CAPACITY: usize = 65_536;
 /// misreported usage is cut.
 pub const MAX_UNSEEN: u32 = 1 << 20;
 
-/// Weight of each new first sighting in the prior's running mean.
-const PRIOR_WEIGHT: f64 = 0.125;
-
 pub struct UnseenTokens {
     half: usize,
     gens: Mutex<Generations>,
-    /// Running mean of first sightings' unseen tokens; `None` until one was learnt.
-    prior: Mutex<Option<f64>>,
 }
 
 #[derive(Default)]
@@ -49,19 +38,7 @@ struct Generations {
 
 impl UnseenTokens {
     pub fn new(capacity: usize) -> UnseenTokens {
-        UnseenTokens { half: (capacity / 2).max(1), gens: Mutex::new(Generations::default()), prior: Mutex::new(None) }
-    }
-
-    /// A fallback with no learnt prefix (a first sighting) was counted `tokens` beyond its plan.
-    pub fn learn_first(&self, tokens: u32) {
-        let t = f64::from(tokens.min(MAX_UNSEEN));
-        let mut prior = self.prior.lock();
-        *prior = Some(prior.map_or(t, |m| m + PRIOR_WEIGHT * (t - m)));
-    }
-
-    /// What a first sighting is weighed at (0 until one was learnt).
-    pub fn prior(&self) -> u32 {
-        self.prior.lock().map_or(0, |m| m.round() as u32)
+        UnseenTokens { half: (capacity / 2).max(1), gens: Mutex::new(Generations::default()) }
     }
 
     /// The prefix ending at block `key` held `tokens` more tokens than the router counted.
@@ -106,25 +83,20 @@ impl UnseenTokens {
 
 /// What a request's learnt prefixes add: per worker, the unseen tokens inside the blocks it holds
 /// (the deepest learnt prefix within its overlap), and in all, those of the deepest learnt prefix
-/// (the prompt extends it, so it carries at least those) — or, with none learnt, the prior.
+/// (the prompt extends it, so it carries at least those).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Unseen {
     pub per_worker: Vec<u32>,
     pub total: u32,
-    /// No learnt prefix: `total` is the prior (what the engine counts teaches the prior).
-    pub first_sighting: bool,
 }
 
 impl Unseen {
-    /// `found` as [`UnseenTokens::along`] returns it; `overlap_blocks` per worker; `prior` what a first
-    /// sighting is weighed at ([`UnseenTokens::prior`]). No worker holds a first sighting's tokens.
-    pub fn weigh(found: &[(usize, u32)], overlap_blocks: &[u32], prior: u32) -> Unseen {
+    /// `found` as [`UnseenTokens::along`] returns it; `overlap_blocks` per worker.
+    pub fn weigh(found: &[(usize, u32)], overlap_blocks: &[u32]) -> Unseen {
         let within = |k: u32| found.iter().rev().find(|&&(i, _)| i < k as usize).map_or(0, |&(_, t)| t);
-        let first_sighting = found.is_empty();
         Unseen {
             per_worker: overlap_blocks.iter().map(|&k| within(k)).collect(),
-            total: if first_sighting { prior } else { found.iter().map(|&(_, t)| t).max().unwrap_or(0) },
-            first_sighting,
+            total: found.iter().map(|&(_, t)| t).max().unwrap_or(0),
         }
     }
 
@@ -156,24 +128,10 @@ mod tests {
     #[test]
     fn a_worker_is_credited_only_with_prefixes_inside_its_overlap() {
         let found = [(2, 1000), (6, 2500)];
-        let w = Unseen::weigh(&found, &[0, 2, 3, 7, 8], 9_999);
+        let w = Unseen::weigh(&found, &[0, 2, 3, 7, 8]);
         assert_eq!(w.per_worker, vec![0, 0, 1000, 2500, 2500]);
-        assert_eq!((w.total, w.first_sighting), (2500, false), "a learnt prefix, not the prior");
-        let first = Unseen::weigh(&[], &[4, 0], 16_000);
-        assert_eq!(first, Unseen { per_worker: vec![0, 0], total: 16_000, first_sighting: true });
-        assert_eq!((first.outside(0), first.outside(1)), (16_000, 16_000), "no worker holds it");
-    }
-
-    #[test]
-    fn the_prior_is_a_running_mean_of_first_sightings() {
-        let u = UnseenTokens::new(16);
-        assert_eq!(u.prior(), 0, "nothing learnt: first sightings weigh nothing extra");
-        u.learn_first(16_000);
-        assert_eq!(u.prior(), 16_000);
-        u.learn_first(0);
-        assert_eq!(u.prior(), 14_000);
-        u.learn_first(u32::MAX); // a misreported usage moves it by at most an eighth of MAX_UNSEEN
-        assert_eq!(u.prior(), 14_000 + (MAX_UNSEEN - 14_000) / 8);
+        assert_eq!(w.total, 2500);
+        assert_eq!(Unseen::weigh(&[], &[4]), Unseen { per_worker: vec![0], total: 0 });
     }
 
     #[test]
