@@ -585,6 +585,25 @@ def route_cached(report, route):
     return t["cached_tokens"] / t["prompt_tokens"] if t and t.get("prompt_tokens") else None
 
 
+def turns_moved(report_path):
+    """(follow-up turns sent to another worker than their conversation's previous turn, follow-up turns)
+    from the run's `--requests-out` file beside its JSON report; None without one."""
+    requests = report_path[: -len(".json")] + ".requests.jsonl" if report_path.endswith(".json") else ""
+    if not os.path.exists(requests):
+        return None
+    with open(requests) as f:
+        rows = sorted((json.loads(line) for line in f if line.strip()), key=lambda r: r["line"])
+    last, moved, follow = {}, 0, 0
+    for r in rows:
+        if r.get("status") != "ok" or r.get("worker") is None:
+            continue
+        if r["conversation"] in last:
+            follow += 1
+            moved += last[r["conversation"]] != r["worker"]
+        last[r["conversation"]] = r["worker"]
+    return moved, follow
+
+
 def precise_table(a, out):
     """Precise against approximate mode, round by round, per concurrency, with the goal's verdict."""
     data = {}  # (concurrency, mode) -> {round: figures}
@@ -599,6 +618,7 @@ def precise_table(a, out):
             "p50": r["latency_ms"]["p50"], "p99": r["latency_ms"]["p99"], "ttfb50": r["ttfb_ms"]["p50"],
             "time": r["duration_secs"], "ok": r["ok"], "sent": r["requests"], "split": split,
             "exact": route_cached(r, "exact"), "text_prefix": route_cached(r, "text_prefix"),
+            "moved": turns_moved(path),
         }
     median = statistics.median
     concs = in_order(k[0] for k in data)
@@ -608,8 +628,9 @@ def precise_table(a, out):
         f"## Precise against approximate mode, in turns ({nrounds} round(s))",
         "",
         "| concurrency | mode | ok/sent | cached (sims) | p50 ms | p99 ms | TTFB p50 | completion s "
-        "| prompt tokens per sim | cached: exact / fallback routes | cached × approx. | p50 × approx. | p99 × approx. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prompt tokens per sim | cached: exact / fallback routes | turns moved | cached × approx. | p50 × approx. "
+        "| p99 × approx. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
     for conc in concs:
@@ -630,10 +651,12 @@ def precise_table(a, out):
                 cells.append(f"{median(per):.3f}× ({min(per):.2f}–{max(per):.2f})" if per else "-")
             cached = med("cached")
             by_route = " / ".join("-" if med(k) is None else f"{100 * med(k):.1f}%" for k in ("exact", "text_prefix"))
+            moves = [f["moved"] for f in figs if f["moved"]]
+            moved = f"{median(m for m, _ in moves):g} of {moves[0][1]}" if moves else "-"
             out.append(
                 f"| {conc} | {mode} | {sum(f['ok'] for f in figs)}/{sum(f['sent'] for f in figs)} "
                 f"| {'-' if cached is None else f'{100 * cached:.1f}%'} | {ms(med('p50'))} | {ms(med('p99'))} "
-                f"| {ms(med('ttfb50'))} | {med('time'):.2f} | {shares(figs[0]['split'])} | {by_route} | "
+                f"| {ms(med('ttfb50'))} | {med('time'):.2f} | {shares(figs[0]['split'])} | {by_route} | {moved} | "
                 + " | ".join(cells) + " |")
         if not appr or not prec:
             verdicts.append(f"- concurrency {conc}: not measured (a mode did not run)")
@@ -658,8 +681,10 @@ def precise_table(a, out):
         "of precise / approximate in the same round (lowest–highest in brackets). Each round runs both modes at "
         "every concurrency, the mode that goes first alternating. cached (sims) = Σ vllm:prefix_cache_hits_total "
         "/ Σ vllm:prompt_tokens_total; cached by route = the answers' usage (cached / prompt tokens) on exact "
-        "plans and on text-prefix fallbacks; p50 / p99 = whole-response latency; prompt tokens per sim: the first "
-        "round's.",
+        "plans and on text-prefix fallbacks; turns moved = follow-up turns sent to another worker than their "
+        "conversation's previous turn (which recompute their history unless that worker holds it too), "
+        "median over the rounds, of all 
+        "follow-up turns; p50 / p99 = whole-response latency; prompt tokens per sim: the first round's.",
         "",
     ] + verdicts + [f"- not measured: {b}" for b in bad]
 

@@ -151,10 +151,23 @@ class ReportChecks(unittest.TestCase):
                                  "text_prefix": {"prompt_tokens": 100, "cached_tokens": fb}}
             path = self.run.write_report(f"precise-c8-{mode}-{rnd}", r)
             Run.append(prec, 8, mode, rnd, "ok", path, hits, 1000, "250,250,250,250")
+            # Conversation "a": three turns, listed out of order; precise mode moves its second turn in
+            # every round and its third in rounds 2 and 3, approximate mode never. Conversation "b": one
+            # turn (no follow-up). A failed turn is skipped.
+            precise = mode == "precise"
+            workers = ["w0", "w1" if precise else "w0", "w2" if precise and rnd > 1 else "w1" if precise else "w0"]
+            lines = [{"line": 1, "conversation": "a", "status": "ok", "worker": workers[0]},
+                     {"line": 2, "conversation": "b", "status": "ok", "worker": "w3"},
+                     {"line": 4, "conversation": "a", "status": "ok", "worker": workers[2]},
+                     {"line": 3, "conversation": "a", "status": "ok", "worker": workers[1]},
+                     {"line": 5, "conversation": "a", "status": "timeout", "worker": None}]
+            with open(path[: -len(".json")] + ".requests.jsonl", "w") as f:
+                f.writelines(json.dumps(line) + "\n" for line in lines)
         p = self.run.report("--precise", prec)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("| 8 | precise | 30/30 | 52.0% | 95.0 |", p.stdout)
-        self.assertIn("| 52.0% / 66.0% |", p.stdout)
+        self.assertIn("| 52.0% / 66.0% | 2 of 2 |", p.stdout)  # precise: 1, 2, 2 moved
+        self.assertIn("| 50.0% / 60.0% | 0 of 2 |", p.stdout)
         self.assertIn("cached (sims) 52.0% vs 50.0% (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
         self.assertIn("p50 ms 95.0 ms vs 100.0 ms (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
 
