@@ -10,7 +10,8 @@
 # AB_ROUNDS (5), AB_CONVERSATIONS (96), AB_TURNS (4), AB_CONCURRENCY (16): the full run's sizes.
 # MMROUTER_BIN: the build (default target/release/mmrouter, built beforehand). Every round runs every
 # (mode, variant) pair on fresh sims, in an order rotated each round. Prints one line per run, then per
-# mode the medians and the median over rounds of B / A. Raw results stay in the printed directory.
+# mode the medians, the median over rounds of B / A, and the follow-up turns each variant moved to another
+# worker than their conversation's previous turn. Raw results stay in the printed directory.
 # Everything binds 127.0.0.1 and the images are generated: nothing leaves the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +87,8 @@ done
 
 python3 - "$W" "$ROUNDS" "${MODES[@]}" <<'PY'
 import json, statistics, sys
+sys.path.insert(0, "bench")
+from report import turns_moved  # follow-up turns sent to another worker than their previous turn
 w, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 figures = {"p50 ms": lambda d: d["latency_ms"]["p50"], "p99 ms": lambda d: d["latency_ms"]["p99"],
            "cached": lambda d: d["cached_ratio"], "completion s": lambda d: d["duration_secs"]}
@@ -96,6 +99,9 @@ for mode in modes:
         a, b = [statistics.median(f(d) for d in runs[v]) for v in "AB"]
         ratio = statistics.median(f(y) / f(x) for x, y in zip(runs["A"], runs["B"]) if f(x))
         parts.append(f"{name} A {a:.4g} B {b:.4g} (B/A {ratio:.3f})")
+    moved = {v: [turns_moved(f"{w}/{mode}-{v}-{r}.json") for r in range(1, rounds + 1)] for v in "AB"}
+    parts.append("turns moved " + ", ".join(
+        f"{v} {statistics.median(m for m, _ in moved[v]):g} of {moved[v][0][1]}" for v in "AB"))
     print(f"{mode}, {rounds} round(s): " + "; ".join(parts))
 print(f"raw results in {w}")
 PY
