@@ -683,7 +683,8 @@ def precise_table(a, out):
         "/ Σ vllm:prompt_tokens_total; cached by route = the answers' usage (cached / prompt tokens) on exact "
         "plans and on text-prefix fallbacks; turns moved = follow-up turns sent to another worker than their "
         "conversation's previous turn (which recompute their history unless that worker holds it too), "
-        "median over the rounds, of all follow-up turns; p50 / p99 = whole-response latency; prompt tokens per sim: the first round's.",
+        "median over the rounds, of all follow-up turns; p50 / p99 = whole-response latency; prompt tokens "
+        "per sim: the first round's.",
         "",
     ] + verdicts + [f"- not measured: {b}" for b in bad]
 
