@@ -38,8 +38,28 @@ pub struct Engine {
 /// Startup takes 70–110 s alone on two cores, longer with two engines starting at once.
 const READY_WITHIN: Duration = Duration::from_secs(600);
 
+/// A port for an engine to bind later: a new one per call, bindable now, and below the kernel's
+/// ephemeral range. A port from `bind(:0)` is free only until the next `bind(:0)` is handed it, and
+/// an engine binds several of its own that way (a CI run lost an engine's start to one of them:
+/// "Address already in use"); no `bind(:0)` ever gets a port below the range.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(0);
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low = range.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()).unwrap_or(32_768);
+    let (first, span) = (10_000, low.saturating_sub(10_000));
+    if span < 1_000 {
+        return std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    }
+    // Spread by process, so two suites on one machine start apart.
+    let start = std::process::id() * 97;
+    for _ in 0..span {
+        let port = (first + (start + CURSOR.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {first}..{low}");
 }
 
 fn env_path(name: &str) -> PathBuf {

@@ -28,10 +28,12 @@ impl Tee {
                     let up = async move {
                         let mut buf = vec![0u8; 64 * 1024];
                         while let Ok(n) = cr.read(&mut buf).await {
+                            // Kept before it is forwarded: once forwarded, the engine may answer (and
+                            // the test look) before this task runs again on a loaded machine.
+                            sink.lock().unwrap().extend_from_slice(&buf[..n]);
                             if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
                                 break;
                             }
-                            sink.lock().unwrap().extend_from_slice(&buf[..n]);
                         }
                         let _ = sw.shutdown().await;
                     };
