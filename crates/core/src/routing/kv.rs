@@ -53,8 +53,9 @@ impl Kv {
         // What engines counted beyond the plan's tokens (a fallback's images), and of it what is held.
         let unseen = u64::from(c.unseen.outside(worker));
         let uncached = u64::from(c.req.prompt_tokens).saturating_sub(overlap.saturating_mul(bs)) + unseen;
-        let load = c.inflight.get(worker).copied().unwrap_or_default();
-        let evicted = match c.room.get(worker).copied().flatten() {
+        let w = &c.workers[worker];
+        let (prefill, decode) = w.queued_tokens();
+        let evicted = match w.cache_room() {
             Some(room) => {
                 let new_blocks = (c.req.blocks.len() as u64).saturating_sub(overlap) + unseen / bs.max(1);
                 new_blocks.saturating_sub(room).saturating_mul(bs)
@@ -62,8 +63,8 @@ impl Kv {
             None => 0,
         };
         self.prefill_weight
-            * (uncached as f64 + self.queue_weight * load.prefill_tokens as f64 + self.eviction_weight * evicted as f64)
-            + self.decode_weight * load.decode_tokens as f64
+            * (uncached as f64 + self.queue_weight * prefill as f64 + self.eviction_weight * evicted as f64)
+            + self.decode_weight * decode as f64
             - self.prefill_weight * c.image_credit.get(worker).copied().unwrap_or(0.0)
     }
 }

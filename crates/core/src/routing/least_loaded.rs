@@ -3,6 +3,7 @@
 
 use rand::{Rng, RngCore};
 
+use super::load::InFlight;
 use super::policy::{Candidates, Pick, Policy};
 
 pub(crate) struct LeastLoaded;
@@ -16,7 +17,8 @@ impl Policy for LeastLoaded {
         let mut best: Option<(u64, u64)> = None;
         let mut chosen = None;
         let mut ties = 0u32;
-        for (i, load) in c.inflight.iter().enumerate() {
+        let loads: Vec<InFlight> = c.workers.iter().map(|w| w.total_inflight()).collect();
+        for (i, load) in loads.iter().enumerate() {
             if !c.eligible.get(i).copied().unwrap_or(false) {
                 continue;
             }
@@ -38,8 +40,7 @@ impl Policy for LeastLoaded {
         }
         let worker = chosen?;
         // Reported score: in-flight requests (the primary key).
-        let costs =
-            c.inflight.iter().zip(c.eligible).map(|(l, &e)| if e { l.requests as f64 } else { f64::NAN }).collect();
+        let costs = loads.iter().zip(c.eligible).map(|(l, &e)| if e { l.requests as f64 } else { f64::NAN }).collect();
         Some(Pick { worker, costs })
     }
 }

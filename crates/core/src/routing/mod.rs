@@ -555,8 +555,6 @@ impl Router {
         }
         let overlap_sources = self.index.probe_detail(req.blocks, workers.len());
         let overlap_blocks: Vec<u32> = overlap_sources.iter().map(|o| o.blocks).collect();
-        let inflight: Vec<InFlight> = workers.iter().map(|w| w.total_inflight()).collect();
-        let room: Vec<Option<u64>> = workers.iter().map(|w| w.cache_room()).collect();
         let image_credit = self.image_credit(&workers, req, &overlap_blocks);
         let unseen = match req.unseen {
             true => Unseen::weigh(&self.unseen.along(req.blocks), &overlap_blocks),
@@ -564,10 +562,9 @@ impl Router {
         };
         let candidates = Candidates {
             req,
+            workers: &workers,
             eligible: &eligible,
             overlap_blocks: &overlap_blocks,
-            inflight: &inflight,
-            room: &room,
             image_credit: &image_credit,
             unseen: &unseen,
         };
@@ -778,9 +775,13 @@ impl Router {
 /// the comparison, and the common case (most workers tie) is one sorted run: a linear merge.
 fn rank(pick: usize, costs: &[f64], eligible: &[bool]) -> Vec<usize> {
     let n = eligible.len();
-    let mut rest: Vec<usize> = (1..n).map(|d| (pick + d) % n).filter(|&i| eligible[i]).collect();
-    rest.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]));
-    std::iter::once(pick).chain(rest).collect()
+    let mut order = Vec::with_capacity(n);
+    order.push(pick);
+    // Rotation order after the pick, as two ranges: a modulo per worker was a third of a 1024-worker
+    // select's own time.
+    order.extend((pick + 1..n).chain(0..pick).filter(|&i| eligible[i]));
+    order[1..].sort_by(|&a, &b| costs[a].total_cmp(&costs[b]));
+    order
 }
 
 #[cfg(test)]

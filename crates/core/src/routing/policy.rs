@@ -3,9 +3,11 @@
 
 use rand::{Rng, RngCore};
 
-use super::load::InFlight;
+use std::sync::Arc;
+
 use super::residency::ImageUse;
 use super::unseen::Unseen;
+use super::worker::Worker;
 
 /// What `select` needs to know about a request.
 pub struct SelectRequest<'a> {
@@ -26,11 +28,11 @@ pub struct SelectRequest<'a> {
 /// What a policy sees for one request; every slice is indexed by worker.
 pub(crate) struct Candidates<'a> {
     pub req: &'a SelectRequest<'a>,
+    /// The pool: a policy reads each worker's load (and cache room) where it scores it, once, rather
+    /// than from snapshots taken in passes of their own (a select over 1024 workers paid for those).
+    pub workers: &'a [Arc<Worker>],
     pub eligible: &'a [bool],
     pub overlap_blocks: &'a [u32],
-    pub inflight: &'a [InFlight],
-    /// Free blocks in each worker's KV cache, where its events made the capacity known.
-    pub room: &'a [Option<u64>],
     /// Prefill-token equivalents each worker saves through the images it likely still holds in its
     /// processor and encoder caches (see `residency`); all 0 without images.
     pub image_credit: &'a [f64],
