@@ -1,5 +1,6 @@
-//! A TCP forwarder between the router and an engine that keeps every byte the router sent: the
-//! fallback check compares them with the client's body.
+//! A TCP forwarder between the router and an engine that keeps every byte the router sent, per
+//! connection: the fallback check compares them with the client's body. (One buffer for all
+//! connections let a health check's or a metrics scrape's bytes land between two reads of the body.)
 
 use std::sync::{Arc, Mutex};
 
@@ -8,7 +9,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub struct Tee {
     addr: std::net::SocketAddr,
-    received: Arc<Mutex<Vec<u8>>>,
+    /// One buffer per connection accepted.
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Tee {
@@ -21,6 +23,11 @@ impl Tee {
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (target, sink) = (target.clone(), sink.clone());
+                let conn = {
+                    let mut all = sink.lock().unwrap();
+                    all.push(Vec::new());
+                    all.len() - 1
+                };
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(&target).await else { return };
                     let (mut cr, mut cw) = client.into_split();
@@ -30,7 +37,7 @@ impl Tee {
                         while let Ok(n) = cr.read(&mut buf).await {
                             // Kept before it is forwarded: once forwarded, the engine may answer (and
                             // the test look) before this task runs again on a loaded machine.
-                            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                            sink.lock().unwrap()[conn].extend_from_slice(&buf[..n]);
                             if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
                                 break;
                             }
@@ -52,6 +59,6 @@ impl Tee {
     }
 
     pub fn received_contains(&self, body: &[u8]) -> bool {
-        self.received.lock().unwrap().windows(body.len()).any(|w| w == body)
+        self.received.lock().unwrap().iter().any(|conn| conn.windows(body.len()).any(|w| w == body))
     }
 }
