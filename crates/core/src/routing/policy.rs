@@ -1,9 +1,9 @@
 //! The policy trait every selection strategy implements, what a policy sees (the request and the
 //! per-worker candidates), and the shared pickers (argmin with a random tie-break, softmax sampling).
 
-use rand::{Rng, RngCore};
-
 use std::sync::Arc;
+
+use rand::{Rng, RngCore};
 
 use super::residency::ImageUse;
 use super::unseen::Unseen;
