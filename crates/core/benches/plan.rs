@@ -4,7 +4,8 @@
 //! text, repeated (cache hit) and unique (a new user turn every iteration, so the cache cannot help),
 //! each with the production encoder (`mmrouter-tokenize`) and with HF `tokenizers` as the baseline; and
 //! the next turn of a multi-turn conversation (history resent plus one new ~200-token user turn, the load
-//! generator's `multi-turn` shape), planned and tokenized only, with and without the prefix cache.
+//! generator's `multi-turn` shape), planned and tokenized only, with and without the prefix cache, and
+//! planned with every chat rendered whole (no resumed conversation).
 
 use std::borrow::Cow;
 use std::hint::black_box;
@@ -171,7 +172,12 @@ fn bench_multi_turn(c: &mut Criterion) {
     // as the router planned it when the client sent it.
     let mut group = c.benchmark_group("plan_chat_multi_turn");
     group.throughput(Throughput::Elements(tokens));
-    for (label, model) in [("prefix_reuse", model.clone()), ("segment_cache_only", model.without_prefix_reuse())] {
+    let variants = [
+        ("prefix_reuse", model.clone()),
+        ("segment_cache_only", model.without_prefix_reuse()),
+        ("whole_render", model.without_render_resume()),
+    ];
+    for (label, model) in variants {
         let mut r = corpus::Rng::new(0x3001);
         let mut n = 0u64;
         group.bench_function(label, |b| {

@@ -68,12 +68,21 @@ pub(crate) fn messages(
     continue_tag: Option<&str>,
 ) -> Result<Value, PromptError> {
     let messages = messages.as_ref().map_err(|why| invalid(why.clone()))?;
-    if messages.is_empty() {
+    messages_of(messages.iter(), shape, continue_tag)
+}
+
+/// [`messages`] for some of a request's messages (a conversation's stub and new turns, see `resume`).
+pub(crate) fn messages_of<'m>(
+    messages: impl ExactSizeIterator<Item = &'m Message>,
+    shape: &Shape<'_>,
+    continue_tag: Option<&str>,
+) -> Result<Value, PromptError> {
+    if messages.len() == 0 {
         return Err(invalid("Cannot apply chat template to an empty conversation".into()));
     }
     let mut images_seen = 0;
     let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
+    for (i, m) in messages.enumerate() {
         out.push(message(i, m, shape, &mut images_seen)?);
     }
     if !shape.knows_developer && out.iter().any(|m| m.role == "developer") {

@@ -14,6 +14,7 @@ mod prefix;
 #[cfg(test)]
 mod prefix_tests;
 mod pyjson;
+mod resume;
 mod segments;
 
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ use tokenizers::Tokenizer;
 pub use error::PromptError;
 pub use format::ContentFormat;
 
-use crate::request::Request;
+use crate::request::{Entry, Message, Part, Request};
 
 /// Upper bound on a decompressed `tokenizer.json.gz` (real tokenizers are 2–35 MB).
 const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
@@ -73,6 +74,8 @@ struct Inner {
     special_tokens: Vec<(String, Value)>,
     /// The operator's `chat_template_content_format`; `None` = vLLM's `auto` detection.
     forced_format: Option<ContentFormat>,
+    /// Conversations' kept renderings, for requests that resend them (`resume`).
+    resume: resume::Resume,
 }
 
 /// One compiled template and what vLLM's renderer derives from its text.
@@ -232,6 +235,7 @@ impl PromptModel {
                 templates: infos,
                 special_tokens: special_tokens(config),
                 forced_format: None,
+                resume: Default::default(),
             }),
             mistral: None,
         })
@@ -270,6 +274,7 @@ impl PromptModel {
                 templates: infos,
                 special_tokens: inner.special_tokens.clone(),
                 forced_format: format,
+                resume: Default::default(),
             }),
             mistral: self.mistral.clone(),
         })
@@ -298,17 +303,43 @@ impl PromptModel {
                 "continue_final_message needs a template that reads message content".into(),
             ));
         }
+        if let Some(list) = resumable(request, &kwargs, info, shape.format) {
+            let render =
+                |messages: &[&Message], generation: bool| self.render_plain(info, &shape, messages, generation);
+            return self.inner.resume.render(list, shape.format == ContentFormat::OpenAi, &render);
+        }
         let messages = conversation::messages(&request.messages, &shape, continue_final.then_some(CONTINUE_TAG))?;
-        let mut ctx: Vec<(String, Value)> = self.inner.special_tokens.clone();
-        ctx.extend(kwargs.into_context(messages)?);
-        let template =
-            self.inner.env.get_template(&info.name).map_err(|e| PromptError::TemplateFailed(e.to_string()))?;
-        let text =
-            template.render(Value::from_pairs(ctx)).map_err(|e| PromptError::TemplateFailed(format!("{e:#}")))?;
+        let text = self.render_template(info, kwargs.into_context(messages)?)?;
         if continue_final {
             return cut_at_continue_tag(text);
         }
         Ok(text)
+    }
+
+    /// Some messages of a plain request (see [`resumable`]), with or without the generation prompt.
+    fn render_plain(
+        &self,
+        info: &TemplateInfo,
+        shape: &conversation::Shape<'_>,
+        messages: &[&Message],
+        generation: bool,
+    ) -> Result<String, PromptError> {
+        let messages = conversation::messages_of(messages.iter().copied(), shape, None)?;
+        self.render_template(info, TemplateKwargs::plain(generation).into_context(messages)?)
+    }
+
+    /// The template under the special tokens and `vars` (later entries override earlier ones).
+    fn render_template(&self, info: &TemplateInfo, vars: Vec<(String, Value)>) -> Result<String, PromptError> {
+        let mut ctx: Vec<(String, Value)> = self.inner.special_tokens.clone();
+        ctx.extend(vars);
+        let template =
+            self.inner.env.get_template(&info.name).map_err(|e| PromptError::TemplateFailed(e.to_string()))?;
+        template.render(Value::from_pairs(ctx)).map_err(|e| PromptError::TemplateFailed(format!("{e:#}")))
+    }
+
+    /// How many chat renders resumed a conversation's kept prefix (see `resume`).
+    pub fn resumed_renders(&self) -> u64 {
+        self.inner.resume.resumed()
     }
 
     /// vLLM's `resolve_chat_template`: explicit, else the processor's (requests without tools only),
@@ -382,8 +413,21 @@ impl PromptModel {
         )
     }
 
+    /// The same model rendering every chat whole (no resumed conversations), for comparisons in
+    /// benchmarks. Its texts are the same.
+    #[doc(hidden)]
+    pub fn without_render_resume(&self) -> PromptModel {
+        let inner = &self.inner;
+        let segments = segments::SegmentEncoder::new(&inner.tokenizer, inner.segments.fast().cloned());
+        self.with_caches(segments, resume::Resume::off())
+    }
+
     /// The same model with another segment encoder (and so empty caches).
     fn with_segments(&self, segments: segments::SegmentEncoder) -> PromptModel {
+        self.with_caches(segments, Default::default())
+    }
+
+    fn with_caches(&self, segments: segments::SegmentEncoder, resume: resume::Resume) -> PromptModel {
         let inner = &self.inner;
         PromptModel {
             inner: Arc::new(Inner {
@@ -394,6 +438,7 @@ impl PromptModel {
                 templates: inner.templates.clone(),
                 special_tokens: inner.special_tokens.clone(),
                 forced_format: inner.forced_format,
+                resume,
             }),
             mistral: self.mistral.clone(),
         }
@@ -609,6 +654,23 @@ impl TemplateKwargs {
         Ok(TemplateKwargs { tools, vars })
     }
 
+    /// What a request without tools, documents or template kwargs passes, `add_generation_prompt`
+    /// aside.
+    fn plain(generation: bool) -> TemplateKwargs {
+        let mut vars = Map::new();
+        vars.insert("add_generation_prompt".into(), generation.into());
+        vars.insert("continue_final_message".into(), false.into());
+        TemplateKwargs { tools: None, vars }
+    }
+
+    /// Whether these are [`TemplateKwargs::plain`]`(true)`.
+    fn is_plain(&self) -> bool {
+        self.tools.is_none()
+            && self.vars.len() == 2
+            && self.vars.get("add_generation_prompt") == Some(&Json::Bool(true))
+            && self.vars.get("continue_final_message") == Some(&Json::Bool(false))
+    }
+
     fn flag(&self, key: &str) -> bool {
         self.vars.get(key).and_then(Json::as_bool).unwrap_or(false)
     }
@@ -625,6 +687,23 @@ impl TemplateKwargs {
         ctx.push(("messages".to_owned(), messages));
         Ok(ctx)
     }
+}
+
+/// The messages of a request whose rendering may resume a kept prefix (`resume`): plain kwargs, a
+/// template that does not read the clock, no developer message (those may be merged into the
+/// system prompt), and no image part when images become numbered placeholders in string content.
+fn resumable<'r>(
+    request: &'r Request<'_>,
+    kwargs: &TemplateKwargs,
+    info: &TemplateInfo,
+    format: ContentFormat,
+) -> Option<&'r [Message]> {
+    let messages = request.messages.as_deref().ok()?;
+    let image =
+        |m: &Message| matches!(m.content(), Some(Entry::Parts(p)) if p.iter().any(|p| matches!(p, Part::Image(_))));
+    let numbered_images = format == ContentFormat::String && messages.iter().any(image);
+    let developer = messages.iter().any(|m| m.role() == Some("developer"));
+    (kwargs.is_plain() && !info.reads_clock && !developer && !numbered_images).then_some(messages)
 }
 
 fn bool_field(request: &Request<'_>, key: &str) -> Result<Option<bool>, PromptError> {

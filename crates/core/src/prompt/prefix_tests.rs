@@ -156,6 +156,8 @@ fn conversations_fed_turn_by_turn_plan_as_cold() {
         // history (the first turn, a one-off until answered, is not kept).
         assert!(hits >= requests.len() - 2, "conversation {seed}: {hits} prefix hits");
     }
+    // Conversations without tools or template kwargs render only their new turns (`resume`).
+    assert!(warm.resumed_renders() >= 6, "{} resumed renders", warm.resumed_renders());
 }
 
 #[test]
@@ -226,6 +228,7 @@ fn corpus_chats_fed_turn_by_turn_plan_as_cold() {
             hits += check_turns(&warm, &turns, placeholder, &format!("{name}: {chat}"));
         }
         assert!(hits > 20, "{name}: {hits} prefix hits");
+        eprintln!("{name}: {} resumed renders", warm.resumed_renders());
     }
 }
 
