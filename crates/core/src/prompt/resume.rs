@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde_json::Value as Json;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 use super::PromptError;
 use crate::generations::Generations;
@@ -208,77 +208,84 @@ fn splice(
 }
 
 /// `digests[i]`: a digest of `messages[..=i]` as the template reads them (an image part's URL is
-/// not read: it renders as a marker).
+/// not read: it renders as a marker). Each message is written out with the previous digest in front
+/// and hashed in one call (a streaming hasher fed field by field cost several times more).
 fn prefix_digests(messages: &[Message]) -> Vec<u128> {
-    let mut h = Xxh3::new();
-    h.update(b"mmrouter resume v1");
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut last = 0u128;
     messages
         .iter()
         .map(|m| {
-            h.update(&[0xff]);
-            h.update(&(m.entries.len() as u64).to_le_bytes());
+            buf.clear();
+            buf.extend_from_slice(&last.to_le_bytes());
+            len_into(&mut buf, m.entries.len());
             for (key, entry) in &m.entries {
-                str_into(&mut h, key);
+                str_into(&mut buf, key);
                 match entry {
-                    Entry::Json(v) => json_into(&mut h, v),
-                    Entry::Parts(parts) => parts_into(&mut h, parts),
+                    Entry::Json(v) => json_into(&mut buf, v),
+                    Entry::Parts(parts) => parts_into(&mut buf, parts),
                 }
             }
-            h.digest128()
+            last = xxh3_128(&buf);
+            last
         })
         .collect()
 }
 
-fn parts_into(h: &mut Xxh3, parts: &[Part]) {
-    h.update(&[7]);
-    h.update(&(parts.len() as u64).to_le_bytes());
+fn parts_into(buf: &mut Vec<u8>, parts: &[Part]) {
+    buf.push(7);
+    len_into(buf, parts.len());
     for part in parts {
         match part {
-            Part::Image(_) => h.update(&[8]),
-            Part::Video => h.update(&[9]),
+            Part::Image(_) => buf.push(8),
+            Part::Video => buf.push(9),
             Part::Object(fields) => {
-                h.update(&[10]);
-                h.update(&(fields.len() as u64).to_le_bytes());
+                buf.push(10);
+                len_into(buf, fields.len());
                 for (k, v) in fields {
-                    str_into(h, k);
-                    json_into(h, v);
+                    str_into(buf, k);
+                    json_into(buf, v);
                 }
             }
-            Part::Json(v) => json_into(h, v),
+            Part::Json(v) => json_into(buf, v),
         }
     }
 }
 
-fn str_into(h: &mut Xxh3, s: &str) {
-    h.update(&(s.len() as u64).to_le_bytes());
-    h.update(s.as_bytes());
+fn len_into(buf: &mut Vec<u8>, len: usize) {
+    buf.extend_from_slice(&(len as u64).to_le_bytes());
 }
 
-/// Each value prefixed by its kind, strings and containers by their length: no two values feed the
-/// same bytes.
-fn json_into(h: &mut Xxh3, v: &Json) {
+fn str_into(buf: &mut Vec<u8>, s: &str) {
+    len_into(buf, s.len());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+/// Each value prefixed by its kind, strings and containers by their length: no two values write
+/// the same bytes.
+fn json_into(buf: &mut Vec<u8>, v: &Json) {
     match v {
-        Json::Null => h.update(&[0]),
-        Json::Bool(b) => h.update(&[1, u8::from(*b)]),
+        Json::Null => buf.push(0),
+        Json::Bool(b) => buf.extend_from_slice(&[1, u8::from(*b)]),
         Json::Number(n) => {
-            h.update(&[2]);
-            str_into(h, &n.to_string());
+            buf.push(2);
+            str_into(buf, &n.to_string());
         }
         Json::String(s) => {
-            h.update(&[3]);
-            str_into(h, s);
+            buf.push(3);
+            str_into(buf, s);
         }
         Json::Array(items) => {
-            h.update(&[4]);
-            h.update(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| json_into(h, i));
+            buf.push(4);
+            len_into(buf, items.len());
+            items.iter().for_each(|i| json_into(buf, i));
         }
         Json::Object(map) => {
-            h.update(&[5]);
-            h.update(&(map.len() as u64).to_le_bytes());
+            buf.push(5);
+            len_into(buf, map.len());
             for (k, v) in map {
-                str_into(h, k);
-                json_into(h, v);
+                str_into(buf, k);
+                json_into(buf, v);
             }
         }
     }
