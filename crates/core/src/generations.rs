@@ -52,6 +52,16 @@ impl<V: Clone> Generations<V> {
         dropped
     }
 
+    /// Drops the value under `key` from both generations (an insert leaves an older copy in `old`).
+    /// Returns what it dropped, to be freed after the caller's lock.
+    pub(crate) fn remove(&mut self, key: u128) -> (Option<V>, Option<V>) {
+        let new = self.new.remove(&key);
+        if let Some(v) = &new {
+            self.new_weight -= (self.weight)(v);
+        }
+        (new, self.old.remove(&key))
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.new.len() + self.old.len()
@@ -97,6 +107,11 @@ mod tests {
             let _ = g.insert(k, vec![0; (k % 4) as usize]);
             let _ = g.insert(k, vec![0; (k % 3) as usize]); // a replacement
             assert!(g.len() <= 8 && g.weight() <= 20, "{} entries, weight {}", g.len(), g.weight());
+            assert_eq!(g.new_weight, g.new.values().map(Vec::len).sum::<usize>());
+        }
+        for k in (0..100u128).step_by(3) {
+            let _ = g.remove(k);
+            assert_eq!(g.get(k), None, "removed");
             assert_eq!(g.new_weight, g.new.values().map(Vec::len).sum::<usize>());
         }
         assert!(g.insert(500, vec![0; 11]).is_empty());

@@ -30,7 +30,9 @@
 //!
 //! Bounded: two generations (`crate::generations`) of at most [`GENERATION_ENTRIES`] texts and
 //! [`GENERATION_BYTES`] each. Only conversations under way (a request with an assistant message) are
-//! kept, as `prefix.rs` keeps their ids.
+//! kept, as `prefix.rs` keeps their ids, and a conversation holds one entry: a resumed turn's text
+//! replaces the one it extended (a client interleaving thousands of conversations would otherwise
+//! fill the generations with every turn of each, and evict the turns still to be extended).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -42,9 +44,10 @@ use super::PromptError;
 use crate::generations::Generations;
 use crate::request::{Endpoint, Entry, Message, Part, Request};
 
-const GENERATION_ENTRIES: usize = 4096;
-/// Rendered text per generation: at most 16 MiB in both.
-const GENERATION_BYTES: usize = 8 << 20;
+const GENERATION_ENTRIES: usize = 8192;
+/// Rendered text per generation: at most 32 MiB in both, as many tokens' worth as `prefix.rs` keeps
+/// ids for (a kept text is of no use once its ids are gone, and the other way round).
+const GENERATION_BYTES: usize = 16 << 20;
 /// One resumed render in this many is checked against a whole render.
 pub(crate) const VERIFY_EVERY: u64 = 64;
 /// Split points tried per request, newest first (a client resends its last request plus new turns).
@@ -107,13 +110,14 @@ impl Resume {
             return whole();
         };
         let digests = prefix_digests(messages);
-        let text = match self.resume(plan, messages, &digests, render) {
-            Some(text) => self.verified(text, messages, render)?,
-            None => whole()?,
+        let (text, resumed_from) = match self.resume(plan, messages, &digests, render) {
+            Some((text, from)) => (self.verified(text, messages, render)?, Some(from)),
+            None => (whole()?, None),
         };
         if messages.iter().any(|m| m.role() == Some("assistant")) {
             if let Some(body) = text.strip_suffix(plan.generation.as_str()) {
-                self.keep(digests[messages.len() - 1], body);
+                // The conversation moved on: its next turn extends this text, not the one resumed.
+                self.keep(digests[messages.len() - 1], body, resumed_from);
             }
         }
         Ok(text)
@@ -124,7 +128,14 @@ impl Resume {
         self.resumed.load(Ordering::Relaxed)
     }
 
-    fn resume(&self, plan: &Plan, messages: &[Message], digests: &[u128], render: &Render<'_>) -> Option<String> {
+    /// The text resumed, and the key of the kept text it extends.
+    fn resume(
+        &self,
+        plan: &Plan,
+        messages: &[Message],
+        digests: &[u128],
+        render: &Render<'_>,
+    ) -> Option<(String, u128)> {
         let splits = (2..messages.len()).rev().filter(|&k| {
             messages[k].role() == Some("assistant") && plan.after.iter().any(|r| messages[k - 1].role() == Some(r))
         });
@@ -134,7 +145,7 @@ impl Resume {
             if text.is_some() {
                 self.resumed.fetch_add(1, Ordering::Relaxed);
             }
-            return text;
+            return text.map(|t| (t, digests[k - 1]));
         }
         None
     }
@@ -160,7 +171,7 @@ impl Resume {
             return Some(text);
         }
         let text: Arc<str> = render(&[first], false).ok()?.into();
-        self.keep(digest, &text);
+        self.keep(digest, &text, None);
         Some(text)
     }
 
@@ -168,13 +179,17 @@ impl Resume {
         self.kept.lock().unwrap_or_else(PoisonError::into_inner).as_mut()?.get(key)
     }
 
-    fn keep(&self, key: u128, text: &str) {
+    /// Keeps `text` under `key`, dropping the entry under `superseded`.
+    fn keep(&self, key: u128, text: &str, superseded: Option<u128>) {
+        let text: Arc<str> = text.into();
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         let gens =
             kept.get_or_insert_with(|| Generations::new(GENERATION_ENTRIES, GENERATION_BYTES, |t: &Arc<str>| t.len()));
-        let dropped = gens.insert(key, text.into());
+        let old = superseded.map(|k| gens.remove(k));
+        let dropped = gens.insert(key, text);
+        // Freed after the lock is released.
         drop(kept);
-        drop(dropped);
+        drop((old, dropped));
     }
 }
 
@@ -456,6 +471,8 @@ mod tests {
         // Turn 1 has no history (not kept), turn 2 renders whole and is kept; turns 3–8 resume.
         assert_eq!(feed(&warm, 8, 3), 6);
         assert_eq!(plan(&warm), Some((Stub::First, vec!["user", "tool"])));
+        // The first message's rendering and the conversation's latest text: each turn's replaced the last.
+        assert_eq!(warm.inner.resume.kept.lock().unwrap().as_ref().unwrap().len(), 2);
         assert_eq!(warm.inner.resume.plan.get().unwrap().as_ref().unwrap().generation, "<|im_start|>assistant\n");
     }
 
