@@ -17,10 +17,11 @@
 //! calls and runs of tool results, agent loops that end on a tool result) and checks the identity at
 //! every split point, separately for splits after a user message and after a tool result, with two
 //! stub shapes; a kind of split is used only if every probe agreed exactly. The generation prompt
-//! must be a constant suffix, also checked. Qwen3's template, which drops earlier reasoning by the
-//! last user query's position, passes with the stub that keeps the message before the split and
-//! fails with the first-message stub; a template that numbers images across the conversation fails
-//! both and is never resumed.
+//! must be a constant suffix, also checked. The bundled Qwen3-VL template resumes after user and
+//! tool messages with the first-message stub; a Qwen3-style template that shows reasoning only after
+//! the last user query (the last message when there is none) needs the message before the split in
+//! the stub; a template that numbers images across the conversation fails both and never resumes
+//! (each in this module's tests).
 //!
 //! Only plain requests resume (no tools, documents, `chat_template_kwargs`, `reasoning_effort`,
 //! `continue_final_message`, no developer messages, no clock-reading template, no images in string
