@@ -282,5 +282,32 @@ fn interleaved<T>(
     );
 }
 
-criterion_group!(benches, bench, bench_unique, bench_multi_turn, bench_multi_turn_interleaved);
+/// Replays the bodies of a `mmrouter workload` file (`MMROUTER_BENCH_REPLAY=path`) through one model
+/// in file order, as one router plans them, and prints the plan time per request and how many
+/// renders resumed and prompts reused a kept prefix (the caches' retention on interleaved traffic).
+fn bench_replay(_: &mut Criterion) {
+    let Some(path) = std::env::var_os("MMROUTER_BENCH_REPLAY") else { return };
+    let model = PromptModel::bundled("qwen3-vl").expect("bundled model");
+    let chain_seed = seed("qwen3-vl", None, None);
+    let lines = std::fs::read_to_string(path).expect("workload");
+    let bodies: Vec<Vec<u8>> = lines
+        .lines()
+        .map(|l| serde_json::to_vec(&serde_json::from_str::<serde_json::Value>(l).unwrap()["body"]).unwrap())
+        .collect();
+    let start = std::time::Instant::now();
+    for body in &bodies {
+        let parsed = Request::parse(Endpoint::Chat, body).expect("parse");
+        let tokens = tokenize_chat(&model, &parsed, PAD, &Default::default()).expect("tokenize");
+        black_box(block_keys(&tokens.ids, &[], 16, chain_seed));
+    }
+    eprintln!(
+        "replay: {} requests, {:.1} µs each, {} renders resumed, {} prompts reused a kept prefix",
+        bodies.len(),
+        start.elapsed().as_secs_f64() * 1e6 / bodies.len() as f64,
+        model.resumed_renders(),
+        model.prefix_hits()
+    );
+}
+
+criterion_group!(benches, bench, bench_unique, bench_multi_turn, bench_multi_turn_interleaved, bench_replay);
 criterion_main!(benches);

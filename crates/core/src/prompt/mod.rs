@@ -342,6 +342,12 @@ impl PromptModel {
         self.inner.resume.resumed()
     }
 
+    /// How many tokenized prompts reused a kept prompt's ids (see `prefix`), for benchmarks.
+    #[doc(hidden)]
+    pub fn prefix_hits(&self) -> usize {
+        self.inner.segments.prefix_hits()
+    }
+
     /// vLLM's `resolve_chat_template`: explicit, else the processor's (requests without tools only),
     /// else the tokenizer's (`tool_use` when the request has tools and it exists, else `default`).
     fn resolve_template(&self, no_tools: bool) -> Result<&TemplateInfo, PromptError> {

@@ -130,8 +130,7 @@ impl Hit {
 #[derive(Default)]
 pub(crate) struct PrefixCache {
     gens: Mutex<Generations>,
-    /// Lookups that found a prefix, for tests to check the cache is used.
-    #[cfg(test)]
+    /// Lookups that found a prefix, for tests and benchmarks to check the cache is used.
     hits: std::sync::atomic::AtomicUsize,
 }
 
@@ -154,7 +153,6 @@ impl PrefixCache {
     pub(crate) fn lookup(&self, checkpoints: &[Checkpoint], reach: usize) -> Option<Hit> {
         let gens = self.gens.lock().unwrap_or_else(|e| e.into_inner());
         let hit = checkpoints.iter().rev().find_map(|c| gens.find(c, reach));
-        #[cfg(test)]
         if hit.is_some() {
             self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -185,7 +183,6 @@ impl PrefixCache {
         drop(dropped);
     }
 
-    #[cfg(test)]
     pub(crate) fn hits(&self) -> usize {
         self.hits.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -124,7 +124,6 @@ impl SegmentEncoder {
     }
 
     /// Encodes that reused a kept prefix.
-    #[cfg(test)]
     pub(crate) fn prefix_hits(&self) -> usize {
         self.prefixes.hits()
     }
