@@ -257,11 +257,7 @@ fn parts_into(buf: &mut Vec<u8>, parts: &[Part]) {
             Part::Video => buf.push(9),
             Part::Object(fields) => {
                 buf.push(10);
-                len_into(buf, fields.len());
-                for (k, v) in fields {
-                    str_into(buf, k);
-                    json_into(buf, v);
-                }
+                fields_into(buf, fields.iter().map(|(k, v)| (k, v)));
             }
             Part::Json(v) => json_into(buf, v),
         }
@@ -298,12 +294,16 @@ fn json_into(buf: &mut Vec<u8>, v: &Json) {
         }
         Json::Object(map) => {
             buf.push(5);
-            len_into(buf, map.len());
-            for (k, v) in map {
-                str_into(buf, k);
-                json_into(buf, v);
-            }
+            fields_into(buf, map.iter());
         }
+    }
+}
+
+fn fields_into<'a>(buf: &mut Vec<u8>, fields: impl ExactSizeIterator<Item = (&'a String, &'a Json)>) {
+    len_into(buf, fields.len());
+    for (k, v) in fields {
+        str_into(buf, k);
+        json_into(buf, v);
     }
 }
 
