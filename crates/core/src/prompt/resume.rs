@@ -103,8 +103,10 @@ impl Resume {
         render: &Render<'_>,
     ) -> Result<String, PromptError> {
         let whole = || render(&messages.iter().collect::<Vec<_>>(), true);
-        // Fewer than three messages neither resume nor are kept (no reply yet).
-        if messages.len() < 3 || self.disabled.load(Ordering::Relaxed) {
+        // Without a reply there is nothing to resume (every split is before an assistant message)
+        // and nothing to keep: no digests either.
+        let replied = messages.len() >= 3 && messages.iter().any(|m| m.role() == Some("assistant"));
+        if !replied || self.disabled.load(Ordering::Relaxed) {
             return whole();
         }
         let Some(plan) = self.plan.get_or_init(|| probe(render, images)) else {
@@ -115,11 +117,9 @@ impl Resume {
             Some((text, from)) => (self.verified(text, messages, render)?, Some(from)),
             None => (whole()?, None),
         };
-        if messages.iter().any(|m| m.role() == Some("assistant")) {
-            if let Some(body) = text.strip_suffix(plan.generation.as_str()) {
-                // The conversation moved on: its next turn extends this text, not the one resumed.
-                self.keep(digests[messages.len() - 1], body, resumed_from);
-            }
+        if let Some(body) = text.strip_suffix(plan.generation.as_str()) {
+            // The conversation moved on: its next turn extends this text, not the one resumed.
+            self.keep(digests[messages.len() - 1], body, resumed_from);
         }
         Ok(text)
     }
