@@ -44,6 +44,12 @@ const GENERATION_ENTRIES: usize = 4096;
 /// Token ids per generation (4 B each): one-shot prompts never repeat, so a bound in entries alone
 /// would let 8 192 cached long pieces hold hundreds of MB. Two generations: at most 32 MiB of ids.
 const GENERATION_IDS: usize = 4 << 20;
+/// Pieces longer than this are cached from their second sighting only (the first is remembered by
+/// its digest): most long pieces are one-shot prompts, and caching each at once cost a copy of its
+/// ids and a fresh allocation that the cache dropped a generation later (page faults, measured on
+/// unique ~8 000-token prompts). Shorter ones — system prompts, tool definitions, turns — are cheap to
+/// keep at once.
+const FIRST_SIGHTING_MAX_BYTES: usize = 1024;
 
 pub(crate) struct SegmentEncoder {
     /// The added tokens and their ids; `None` when the literal split would not match HF's.
@@ -52,6 +58,8 @@ pub(crate) struct SegmentEncoder {
     fast: Option<Arc<FastTokenizer>>,
     /// Pieces' ids by the xxh3-128 of their text, weighed in ids.
     cache: Mutex<Generations<Arc<[u32]>>>,
+    /// Digests of long pieces seen once and not cached yet (see [`FIRST_SIGHTING_MAX_BYTES`]).
+    seen: Mutex<Generations<()>>,
     /// Whole prompts by their boundary prefixes (used only with `splitter`, as `cache`).
     prefixes: PrefixCache,
     /// Off only to measure what the prefix cache saves.
@@ -60,6 +68,10 @@ pub(crate) struct SegmentEncoder {
 
 fn piece_cache() -> Generations<Arc<[u32]>> {
     Generations::new(GENERATION_ENTRIES, GENERATION_IDS, |ids| ids.len())
+}
+
+fn seen_once() -> Generations<()> {
+    Generations::new(GENERATION_ENTRIES, GENERATION_ENTRIES, |_| 1)
 }
 
 /// Whether encoding a piece alone gives the ids it gets inside a longer text: not so when the
@@ -93,6 +105,7 @@ impl SegmentEncoder {
             splitter,
             fast,
             cache: Mutex::new(piece_cache()),
+            seen: Mutex::new(seen_once()),
             prefixes: PrefixCache::default(),
             prefix_reuse: true,
         }
@@ -195,6 +208,9 @@ impl SegmentEncoder {
         }
         let key = xxhash_rust::xxh3::xxh3_128(piece.as_bytes());
         let hit = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(key);
+        if hit.is_none() && piece.len() > FIRST_SIGHTING_MAX_BYTES && self.first_sighting(key) {
+            return self.encode_uncached(tokenizer, piece, out);
+        }
         let ids = match hit {
             Some(ids) => ids,
             None => {
@@ -208,6 +224,16 @@ impl SegmentEncoder {
         };
         out.extend_from_slice(&ids);
         Ok(())
+    }
+
+    /// Whether `key` is new to the long pieces seen once (remembering it if so).
+    fn first_sighting(&self, key: u128) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.get(key).is_some() {
+            return false;
+        }
+        drop(seen.insert(key, ()));
+        true
     }
 }
 
@@ -274,6 +300,25 @@ pub(in crate::prompt) mod tests {
                 prop_assert_eq!(&enc.encode(&tok, &text, true).unwrap(), &whole);
             }
         }
+    }
+
+    #[test]
+    fn long_pieces_are_cached_from_their_second_sighting() {
+        let tok = tokenizer();
+        let enc = SegmentEncoder::new(&tok, fast());
+        let cached = || enc.cache.lock().unwrap().len();
+        let long = "A long one-shot prompt, written once and routed once. ".repeat(40);
+        assert!(long.len() > FIRST_SIGHTING_MAX_BYTES);
+        let want = tok.encode_fast(long.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(enc.encode(&tok, &long, false).unwrap(), want);
+        assert_eq!(cached(), 0, "a first sighting is only remembered");
+        assert_eq!(enc.encode(&tok, &long, false).unwrap(), want);
+        assert_eq!(cached(), 1, "the second is kept");
+        assert_eq!(enc.encode(&tok, &long, false).unwrap(), want, "the third is served from the cache");
+        let short = "You are a helpful assistant who answers briefly and well.";
+        assert!((MIN_CACHED_BYTES..=FIRST_SIGHTING_MAX_BYTES).contains(&short.len()));
+        enc.encode(&tok, short, false).unwrap();
+        assert_eq!(cached(), 2, "a short piece is kept at once");
     }
 
     #[test]
