@@ -11,7 +11,8 @@
 //! (~1–2 µs per token). The cache stays with the fast encoder: a hit costs a hash of the piece and a
 //! copy of its ids, far less than re-encoding it (a repeated system prompt or conversation history),
 //! and a miss adds that same hash and copy, about 1 % of encoding the piece (a 6.5 KB turn: ~1 µs
-//! against ~200 µs). See `docs/benchmarks.md`, "Tokenization on new text".
+//! against ~200 µs). A piece over 1 KiB is kept only from its second sighting: most are one-shot
+//! prompts. See `docs/benchmarks.md`, "Tokenization on new text".
 //!
 //! Before any of that, a prompt that starts with one encoded recently (a conversation's history, up to
 //! an added token) takes that prefix's ids from the prefix cache (`prefix.rs`) in one copy, and only
