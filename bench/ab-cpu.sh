@@ -22,14 +22,8 @@ trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 for bin in "$@"; do [[ -x $bin ]] || { echo "ab-cpu: $bin is not an executable" >&2; exit 1; }; done
 MMR=$1
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-wait_http() {
-  local url=$1 _
-  for _ in $(seq 100); do curl -sf "$url" >/dev/null && return 0; sleep 0.1; done
-  echo "ab-cpu: $url did not answer" >&2
-  return 1
-}
+AB_NAME=ab-cpu
+source bench/ab-common.sh
 
 # Clock ticks of user + system CPU a process has used.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

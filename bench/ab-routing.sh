@@ -23,14 +23,8 @@ PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 [[ -x $MMR ]] || { echo "ab-routing: $MMR is not built (cargo build --release)" >&2; exit 1; }
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-wait_http() {
-  local url=$1 _
-  for _ in $(seq 100); do curl -sf "$url" >/dev/null && return 0; sleep 0.1; done
-  echo "ab-routing: $url did not answer" >&2
-  return 1
-}
+AB_NAME=ab-routing
+source bench/ab-common.sh
 
 # run NAME MODE ROUTING: fresh sims and router, the workload through it, a JSON report in $W/NAME.json.
 run() {
