@@ -197,11 +197,25 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
         image_tokens: plan.exact_image_tokens(),
     };
     let guard = router.begin(w, load);
-    let uuid_named = plan.route == Route::Exact && !plan.images_rehashed;
-    router.record_prompt(w, &plan.blocks, plan.first_image_block(), uuid_named);
-    router.images_sent(w, &ctx.images);
+    record_after_send(ctx, w);
     if first {
         ctx.dispatched_overlap = Some(overlap);
     }
     guard
+}
+
+/// Records the prompt's blocks and images on worker `w` in a task of its own, spawned before the send:
+/// it runs when this task waits for the worker's answer, after the connection task has written the
+/// request (the runtime runs the task it woke last first), so a long prompt's index writes overlap the
+/// worker's prefill instead of delaying its start (~50 µs for 8 000 tokens). A request selected in
+/// between does not see these blocks yet: a window of one send's first poll.
+fn record_after_send(ctx: &Ctx, w: usize) {
+    let plan = ctx.plan();
+    let router = ctx.pool().router.clone();
+    let uuid_named = plan.route == Route::Exact && !plan.images_rehashed;
+    let (blocks, image_from, images) = (plan.blocks.clone(), plan.first_image_block(), ctx.images.clone());
+    tokio::spawn(async move {
+        router.record_prompt(w, &blocks, image_from, uuid_named);
+        router.images_sent(w, &images);
+    });
 }
