@@ -3,6 +3,7 @@
 //! feature and its extra dependencies.
 
 use std::fmt;
+use std::io::IsTerminal;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -12,10 +13,13 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber (stderr; `RUST_LOG` filters, `info` by default).
+/// Installs the global subscriber (stderr; `RUST_LOG` filters, `info` by default). Text is coloured
+/// only on a terminal: a file, a pipe or journald would get the escape codes as text (and every
+/// field's colouring costs the access log four more writes).
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { builder.event_format(Json).try_init() } else { builder.try_init() };
 }
 
