@@ -14,8 +14,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber (stderr; `RUST_LOG` filters, `info` by default). Text is coloured
-/// only on a terminal: a file, a pipe or journald would get the escape codes as text (and every
-/// field's colouring costs the access log four more writes).
+/// only on a terminal: a file, a pipe or journald would get the escape codes as text.
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let ansi = std::io::stderr().is_terminal();
