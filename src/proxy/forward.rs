@@ -205,10 +205,11 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
 }
 
 /// Records the prompt's blocks and images on worker `w` in a task of its own, spawned before the send:
-/// it runs when this task waits for the worker's answer, after the connection task has written the
-/// request (the runtime runs the task it woke last first), so a long prompt's index writes overlap the
-/// worker's prefill instead of delaying its start (~50 µs for 8 000 tokens). A request selected in
-/// between does not see these blocks yet: a window of one send's first poll.
+/// it runs once this task waits for the worker's answer — usually after the connection task has written
+/// the request (tokio runs the task woken last first) or beside it on the other worker thread — so a
+/// long prompt's index writes (~50–80 µs for 8 000 tokens) overlap the worker's prefill instead of
+/// delaying its start. A request selected in between does not see these blocks yet: a window of
+/// about one send's first poll (the next turn of a conversation, sent after this answer, always does).
 fn record_after_send(ctx: &Ctx, w: usize) {
     let plan = ctx.plan();
     let router = ctx.pool().router.clone();
