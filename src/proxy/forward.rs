@@ -209,7 +209,7 @@ fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
 /// the request (tokio runs the task woken last first) or beside it on the other worker thread — so a
 /// long prompt's index writes (~50–80 µs for 8 000 tokens) overlap the worker's prefill instead of
 /// delaying its start. A request selected in between does not see these blocks yet: a window of
-/// about one send's first poll (the next turn of a conversation, sent after this answer, always does).
+/// about one send's first poll (a conversation's next turn, sent after this answer, finds them).
 fn record_after_send(ctx: &Ctx, w: usize) {
     let plan = ctx.plan();
     let router = ctx.pool().router.clone();
