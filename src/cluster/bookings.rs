@@ -17,6 +17,8 @@ use mmrouter_core::routing::{ImageUse, Link, Load, Router, Source, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::checks::{OwnTraffic, Refusal, Share};
+use crate::config::PeerQuotas;
 use crate::observe::Observer;
 use crate::observe::*;
 
@@ -24,9 +26,12 @@ use crate::observe::*;
 /// hold up a request.
 pub const OUTBOX_CAPACITY: usize = 16_384;
 /// Blocks one dispatch record carries at most (a prompt's head matters most; the message stays small).
-const MAX_DISPATCH_BLOCKS: usize = 8_192;
+pub const MAX_DISPATCH_BLOCKS: usize = 8_192;
 /// Images one record carries at most (a request's images; more are not shared).
-const MAX_IMAGES: usize = 64;
+pub const MAX_IMAGES: usize = 64;
+/// Live bookings one heartbeat lists at most (beyond it, the others reconcile the rest away: a
+/// replica with more in flight is under-counted, never over-counted).
+pub const MAX_BEAT_LIVE: usize = 32_768;
 
 /// One replica's message (JSON on `<prefix>.replicas`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,7 +98,7 @@ impl Msg {
         })
     }
 
-    fn replica(&self) -> &str {
+    pub fn replica(&self) -> &str {
         match self {
             Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
             Msg::Dispatch { r, .. } | Msg::Images { r, .. } | Msg::Unseen { r, .. } => r,
@@ -108,12 +113,15 @@ pub struct Outbox {
     live: Mutex<HashSet<u64>>,
     tx: mpsc::Sender<Msg>,
     observe: Arc<Observer>,
+    /// What this replica itself sends: the yardstick of what the others may claim here.
+    pub own: Arc<OwnTraffic>,
 }
 
 impl Outbox {
     pub fn new(replica: String, observe: Arc<Observer>) -> (Arc<Outbox>, mpsc::Receiver<Msg>) {
         let (tx, rx) = mpsc::channel(OUTBOX_CAPACITY);
-        let out = Outbox { replica, next: AtomicU64::new(1), live: Mutex::default(), tx, observe };
+        let own = Arc::default();
+        let out = Outbox { replica, next: AtomicU64::new(1), live: Mutex::default(), tx, observe, own };
         (Arc::new(out), rx)
     }
 
@@ -127,7 +135,8 @@ impl Outbox {
     /// before it nor lists one whose end was queued before it.
     pub fn beat(&self) {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        self.send(Msg::Beat { r: self.replica.clone(), live: live.iter().copied().collect() });
+        let live = live.iter().take(MAX_BEAT_LIVE).copied().collect();
+        self.send(Msg::Beat { r: self.replica.clone(), live });
     }
 
     fn send(&self, msg: Msg) {
@@ -176,6 +185,7 @@ impl Link for PoolLink {
             Source::Event => return,
         };
         let b = blocks[..blocks.len().min(MAX_DISPATCH_BLOCKS)].to_vec();
+        self.out.own.keys.fetch_add(b.len() as u64, Ordering::Relaxed);
         let (r, pool, w) = (self.out.replica.clone(), self.pool.clone(), worker.to_owned());
         self.out.send(Msg::Dispatch { r, pool, w, src, b });
         self.out.observe.cluster_count(CLUSTER_DISPATCHES_TOTAL, ("direction", "sent"), 1);
@@ -202,21 +212,30 @@ fn unix_micros() -> u64 {
 /// A pool's router by the pool's name (the pools in force).
 pub type RouterOf<'a> = dyn Fn(&str) -> Option<Arc<Router>> + 'a;
 
-/// One booking of another replica, with the load it still holds.
+/// One booking of another replica, with the load it still holds here (its share, not its claim).
 struct Booking {
     worker: Arc<Worker>,
     load: Load,
 }
 
-impl Booking {
-    fn release(self) {
-        self.worker.release_remote(self.load, 1);
-    }
-}
-
 struct Peer {
     last_seen: Instant,
     bookings: HashMap<u64, Booking>,
+    share: Share,
+}
+
+impl Peer {
+    /// Releases `load` of a booking on `worker`: the worker's remote load and the replica's share.
+    fn release(&mut self, worker: &Worker, load: Load, requests: u64) {
+        worker.release_remote(load, requests);
+        self.share.release(worker as *const Worker as usize, load);
+    }
+
+    fn end(&mut self, id: u64) {
+        if let Some(b) = self.bookings.remove(&id) {
+            self.release(&b.worker, b.load, 1);
+        }
+    }
 }
 
 /// The other replicas' bookings, as remote load on this replica's workers.
@@ -225,59 +244,112 @@ pub struct Inbox {
     ttl: Duration,
     peers: Mutex<HashMap<String, Peer>>,
     observe: Arc<Observer>,
+    quotas: PeerQuotas,
+    own: Arc<OwnTraffic>,
 }
 
 impl Inbox {
     pub fn new(replica: String, ttl: Duration, observe: Arc<Observer>) -> Inbox {
-        Inbox { replica, ttl, peers: Mutex::default(), observe }
+        let (quotas, own) = (PeerQuotas::default(), Arc::default());
+        Inbox { replica, ttl, peers: Mutex::default(), observe, quotas, own }
+    }
+
+    /// The same, with `[cluster]`'s quotas measured against this replica's own traffic.
+    pub fn limited(self, quotas: PeerQuotas, own: Arc<OwnTraffic>) -> Inbox {
+        Inbox { quotas, own, ..self }
     }
 
     /// Applies one message from another replica (this replica's own are ignored); `routers` finds a
-    /// pool's router by the pool's name.
+    /// pool's router by the pool's name. A message is checked before it counts, and refused (counted
+    /// by reason) when it exceeds what an honest replica sends or its sender's share.
     pub fn apply(&self, routers: &RouterOf<'_>, msg: Msg) {
         if msg.replica() == self.replica {
             return;
         }
+        if let Err(refusal) = self.try_apply(routers, msg) {
+            self.refused(refusal);
+        }
+    }
+
+    pub fn refused(&self, refusal: Refusal) {
+        self.observe.cluster_count(CLUSTER_MESSAGES_REFUSED_TOTAL, ("reason", refusal.label()), 1);
+    }
+
+    fn try_apply(&self, routers: &RouterOf<'_>, msg: Msg) -> Result<(), Refusal> {
+        msg.check()?;
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let peer = peers
-            .entry(msg.replica().to_owned())
-            .or_insert_with(|| Peer { last_seen: Instant::now(), bookings: HashMap::new() });
+        if !peers.contains_key(msg.replica()) && peers.len() >= self.quotas.max_peers {
+            return Err(Refusal::QuotaPeers);
+        }
+        let peer = peers.entry(msg.replica().to_owned()).or_insert_with(|| Peer {
+            last_seen: Instant::now(),
+            bookings: HashMap::new(),
+            share: Share::new(self.quotas),
+        });
         peer.last_seen = Instant::now();
+        let keys = msg.keys();
+        if keys > 0 {
+            peer.share.take_keys(keys, self.own.keys.load(Ordering::Relaxed), Instant::now())?;
+            // The index writes run without the lock: bookings never wait behind them.
+            drop(peers);
+            return self.record(routers, msg);
+        }
         match msg {
             Msg::Book { id, pool, w, p, d, i, t, .. } => {
                 if t > 0 {
                     self.observe.booking_delay(unix_micros().saturating_sub(t) as f64 / 1e6);
                 }
-                let Some(worker) = self.worker(routers, &pool, &w) else { return };
                 let load = Load { prefill_tokens: p, decode_tokens: d, image_tokens: i };
-                worker.add_remote(load);
-                if let Some(old) = peer.bookings.insert(id, Booking { worker, load }) {
-                    old.release(); // a doubled booking holds once
-                }
-                self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "applied"), 1);
+                return self.book(routers, peer, id, (&pool, &w, load));
             }
             Msg::First { id, .. } => {
                 if let Some(b) = peer.bookings.get_mut(&id) {
                     let prefill =
                         Load { prefill_tokens: std::mem::take(&mut b.load.prefill_tokens), ..Load::default() };
-                    b.worker.release_remote(prefill, 0);
+                    let worker = b.worker.clone();
+                    peer.release(&worker, prefill, 0);
                 }
             }
-            Msg::End { id, .. } => {
-                if let Some(b) = peer.bookings.remove(&id) {
-                    b.release();
-                }
-            }
+            Msg::End { id, .. } => peer.end(id),
             Msg::Beat { live, .. } => {
                 let live: HashSet<u64> = live.into_iter().collect();
                 let lost: Vec<u64> = peer.bookings.keys().filter(|id| !live.contains(id)).copied().collect();
-                for id in &lost {
-                    if let Some(b) = peer.bookings.remove(id) {
-                        b.release();
-                    }
-                }
+                lost.iter().for_each(|&id| peer.end(id));
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
             }
+            Msg::Dispatch { .. } | Msg::Images { .. } | Msg::Unseen { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// A booking: held as remote load on its worker, up to the replica's share of that worker.
+    fn book(
+        &self,
+        routers: &RouterOf<'_>,
+        peer: &mut Peer,
+        id: u64,
+        (pool, w, load): (&str, &str, Load),
+    ) -> Result<(), Refusal> {
+        if peer.bookings.len() >= self.quotas.max_bookings && !peer.bookings.contains_key(&id) {
+            return Err(Refusal::QuotaBookings);
+        }
+        let Some(worker) = self.worker(routers, pool, w) else { return Ok(()) };
+        peer.end(id); // a doubled booking holds once
+        let own = worker.inflight();
+        let own_tokens = own.prefill_tokens + own.decode_tokens + own.image_tokens;
+        let (granted, clipped) = peer.share.grant(Arc::as_ptr(&worker) as usize, load, own_tokens)?;
+        worker.add_remote(granted);
+        peer.bookings.insert(id, Booking { worker, load: granted });
+        self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "applied"), 1);
+        if clipped {
+            self.refused(Refusal::QuotaLoad);
+        }
+        Ok(())
+    }
+
+    /// Dispatch, image and unseen-token records, already charged to their replica's key share.
+    fn record(&self, routers: &RouterOf<'_>, msg: Msg) -> Result<(), Refusal> {
+        match msg {
             Msg::Dispatch { pool, w, src, b, .. } => self.dispatch(routers, (&pool, &w), src, &b),
             Msg::Images { pool, w, img, .. } => self.images(routers, (&pool, &w), &img),
             Msg::Unseen { pool, key, t, .. } => {
@@ -285,7 +357,9 @@ impl Inbox {
                     router.apply_remote_unseen(key, t);
                 }
             }
+            _ => {}
         }
+        Ok(())
     }
 
     fn images(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), img: &[(String, u32)]) {
@@ -352,7 +426,7 @@ impl Inbox {
         for r in silent {
             if let Some(peer) = peers.remove(&r) {
                 let n = peer.bookings.len() as u64;
-                peer.bookings.into_values().for_each(Booking::release);
+                peer.bookings.into_values().for_each(|b| b.worker.release_remote(b.load, 1));
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "expired"), n);
                 tracing::info!(replica = %r, bookings = n, "cluster: replica silent, its bookings expired");
             }
@@ -365,6 +439,7 @@ impl Inbox {
 mod tests {
     use super::*;
     use mmrouter_core::routing::SelectRequest;
+    use proptest::prelude::*;
 
     #[test]
     fn messages_are_small_tagged_json() {
@@ -485,6 +560,171 @@ mod tests {
         router.learn_unseen(9, 1200);
         let sent = rx.try_recv().expect("shared");
         assert_eq!(sent, Msg::Unseen { r: "me".into(), pool: "p".into(), key: 9, t: 1200 });
+    }
+
+    fn three_workers() -> Arc<Router> {
+        let specs =
+            ["w0", "w1", "w2"].map(|n| mmrouter_core::routing::WorkerSpec::new(n, "http://127.0.0.1:1")).to_vec();
+        Arc::new(Router::new(Default::default(), specs).unwrap())
+    }
+
+    fn refused(observe: &Observer, reason: &str) -> u64 {
+        let text = observe.render(&[]);
+        let line = format!("mmrouter_cluster_messages_refused_total{{reason=\"{reason}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |v| v.trim().parse().unwrap())
+    }
+
+    /// Where a cached 6 400-token prompt (400 blocks on w0) goes.
+    fn cached_prompt_goes_to(router: &Router) -> usize {
+        let blocks: Vec<u64> = (1..=400).collect();
+        let req = SelectRequest {
+            blocks: &blocks,
+            block_size: 16,
+            prompt_tokens: 6_400,
+            decode_tokens: 256,
+            images: Vec::new(),
+            unseen: false,
+        };
+        router.select(&req).expect("healthy").candidates[0]
+    }
+
+    fn forge(inbox: &Inbox, routers: &RouterOf<'_>) {
+        // The attack of issue 45: ten bookings of ~4·10⁹ tokens (sent here as the most a booking may
+        // claim, and as the attack's own values) on the two workers without the prompt.
+        for id in 0..10 {
+            let w = if id % 2 == 0 { "w0" } else { "w1" };
+            let book = |p| Msg::Book { r: "rogue".into(), id, pool: "p".into(), w: w.into(), p, d: p, i: 0, t: 0 };
+            inbox.apply(routers, book(4_000_000_000));
+            inbox.apply(routers, book((1 << 24) - 1));
+        }
+    }
+
+    #[test]
+    fn a_forging_replica_cannot_move_a_cached_prompt() {
+        let (router, observe) = (three_workers(), Arc::new(Observer::new()));
+        router.store_events(0, &(1..=400).collect::<Vec<u64>>());
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        assert_eq!(cached_prompt_goes_to(&router), 0);
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe.clone());
+        forge(&inbox, &routers);
+        for w in 0..2 {
+            let remote = router.worker(w).remote_inflight();
+            let tokens = remote.prefill_tokens + remote.decode_tokens + remote.image_tokens;
+            assert!(tokens <= PeerQuotas::default().load_floor_tokens, "w{w}: {remote:?}");
+        }
+        assert_eq!(cached_prompt_goes_to(&router), 0, "the forger's share is too small to move it");
+        assert_eq!(refused(&observe, "implausible_load"), 10);
+        assert!(refused(&observe, "quota_load") >= 8, "{}", observe.render(&[]));
+
+        // The control: without the share the same attack moves the prompt (the test can fail).
+        let (router, observe) = (three_workers(), Arc::new(Observer::new()));
+        router.store_events(0, &(1..=400).collect::<Vec<u64>>());
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let unbounded = PeerQuotas { load_floor_tokens: 1 << 32, ..PeerQuotas::default() };
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe).limited(unbounded, Arc::default());
+        forge(&inbox, &routers);
+        assert_ne!(cached_prompt_goes_to(&router), 0);
+    }
+
+    #[test]
+    fn the_index_flood_is_held_to_the_replicas_share() {
+        let (router, observe) = (three_workers(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe.clone());
+        // 24 records: first the attack's 51 412 keys each (refused whole), then the senders' cap.
+        for n in 0..24u64 {
+            let b: Vec<u64> = (n * 100_000..n * 100_000 + 51_412).collect();
+            inbox.apply(&routers, Msg::Dispatch { r: "rogue".into(), pool: "p".into(), w: "w1".into(), src: 2, b });
+            let b: Vec<u64> = (n * 100_000..n * 100_000 + MAX_DISPATCH_BLOCKS as u64).collect();
+            inbox.apply(&routers, Msg::Dispatch { r: "rogue".into(), pool: "p".into(), w: "w1".into(), src: 2, b });
+        }
+        assert_eq!(router.index_entries().total(), 2 * MAX_DISPATCH_BLOCKS, "two records' worth while idle here");
+        assert_eq!(refused(&observe, "too_many"), 24);
+        assert_eq!(refused(&observe, "quota_keys"), 22);
+        // Another replica's records still count: the share is per replica.
+        let b = vec![7_000_000, 7_000_001];
+        inbox.apply(&routers, Msg::Dispatch { r: "honest".into(), pool: "p".into(), w: "w2".into(), src: 2, b });
+        assert_eq!(router.index_entries().total(), 2 * MAX_DISPATCH_BLOCKS + 2);
+    }
+
+    #[test]
+    fn bookings_and_replicas_are_bounded_and_a_silent_replica_is_forgotten() {
+        let (router, observe) = (three_workers(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let quotas = PeerQuotas { max_peers: 2, max_bookings: 3, ..PeerQuotas::default() };
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe.clone()).limited(quotas, Arc::default());
+        let book =
+            |r: &str, id| Msg::Book { r: r.into(), id, pool: "p".into(), w: "w2".into(), p: 1, d: 1, i: 0, t: 0 };
+        for id in 0..5 {
+            inbox.apply(&routers, book("a", id));
+        }
+        assert_eq!(router.worker(2).remote_inflight().requests, 3);
+        assert_eq!(refused(&observe, "quota_bookings"), 2);
+        inbox.apply(&routers, book("b", 1));
+        inbox.apply(&routers, book("c", 1));
+        assert_eq!(refused(&observe, "quota_peers"), 1);
+        assert_eq!(inbox.expire(Instant::now() + Duration::from_secs(6)), (0, 0));
+        assert_eq!(router.worker(2).remote_inflight(), Default::default());
+        inbox.apply(&routers, book("c", 1));
+        assert_eq!(router.worker(2).remote_inflight().requests, 1, "room again once the silent ones are forgotten");
+    }
+
+    fn arb_msg() -> impl Strategy<Value = Msg> {
+        let r = prop_oneof![Just("rogue".to_owned()), Just("other".to_owned()), "[a-z]{0,3}", ".{0,4}"];
+        let w = prop_oneof![Just("w0".to_owned()), Just("w1".to_owned()), Just("nobody".to_owned())];
+        let pool = prop_oneof![Just("p".to_owned()), Just("q".to_owned())];
+        let id = 0u64..8;
+        prop_oneof![
+            (r.clone(), id.clone(), pool.clone(), w.clone(), any::<u32>(), any::<u32>(), any::<u32>())
+                .prop_map(|(r, id, pool, w, p, d, i)| Msg::Book { r, id, pool, w, p, d, i, t: 0 }),
+            (r.clone(), id.clone()).prop_map(|(r, id)| Msg::First { r, id }),
+            (r.clone(), id.clone()).prop_map(|(r, id)| Msg::End { r, id }),
+            (r.clone(), proptest::collection::vec(0u64..8, 0..8)).prop_map(|(r, live)| Msg::Beat { r, live }),
+            (r.clone(), pool.clone(), w.clone(), 0u8..4, proptest::collection::vec(any::<u64>(), 0..64))
+                .prop_map(|(r, pool, w, src, b)| Msg::Dispatch { r, pool, w, src, b }),
+            (r.clone(), pool.clone(), w, proptest::collection::vec((".{0,40}", any::<u32>()), 0..4))
+                .prop_map(|(r, pool, w, img)| Msg::Images { r, pool, w, img }),
+            (r, pool, any::<u64>(), any::<u32>()).prop_map(|(r, pool, key, t)| Msg::Unseen { r, pool, key, t }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Whatever other replicas send, nothing panics, no replica holds more than its share of a
+        /// worker, and once they go silent every worker is back to this replica's own load.
+        #[test]
+        fn any_message_sequence_keeps_the_shares_and_leaves_nothing_behind(msgs in proptest::collection::vec(arb_msg(), 0..64)) {
+            let (router, observe) = (router(), Arc::new(Observer::new()));
+            let routers = |pool: &str| (pool == "p").then(|| router.clone());
+            let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe);
+            let floor = PeerQuotas::default().load_floor_tokens;
+            for m in msgs {
+                inbox.apply(&routers, m);
+                for w in 0..2 {
+                    let remote = router.worker(w).remote_inflight();
+                    let tokens = remote.prefill_tokens + remote.decode_tokens + remote.image_tokens;
+                    // Two well-named replicas at most reach the pool: each within its floor.
+                    prop_assert!(tokens <= 2 * floor + 8, "w{}: {:?}", w, remote);
+                }
+            }
+            inbox.expire(Instant::now() + Duration::from_secs(6));
+            for w in 0..2 {
+                prop_assert_eq!(router.worker(w).remote_inflight(), Default::default());
+            }
+        }
+
+        /// Arbitrary bytes on the subject are refused, never a panic.
+        #[test]
+        fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = crate::cluster::checks::peek(&bytes);
+            let _ = Msg::is_booking(&bytes);
+            if let Ok(msg) = serde_json::from_slice::<Msg>(&bytes) {
+                let router = router();
+                let routers = |pool: &str| (pool == "p").then(|| router.clone());
+                Inbox::new("me".into(), Duration::from_secs(5), Arc::new(Observer::new())).apply(&routers, msg);
+            }
+        }
     }
 
     #[test]

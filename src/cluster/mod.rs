@@ -11,6 +11,7 @@
 
 mod bookings;
 mod bootstrap;
+mod checks;
 mod http;
 mod nats;
 mod snapshot;
@@ -32,11 +33,11 @@ pub fn start(cfg: &Settings, state: &Arc<AppState>) -> Option<impl Future<Output
     let settings = cfg.cluster.clone()?;
     state.pools.bootstrap.begin();
     let pools = state.pools.clone();
-    if let Some(url) = settings.nats_url.clone() {
+    if let Some(conn) = settings.nats.clone() {
         let (outbox, outgoing) = bookings::Outbox::new(settings.replica_id.clone(), state.observe.clone());
         link_pools(&pools, &outbox);
         let nats = nats::Nats::new(settings.clone(), pools.clone(), state.observe.clone(), outbox);
-        tokio::spawn(Arc::new(nats).run(url, outgoing));
+        tokio::spawn(Arc::new(nats).run(conn, outgoing));
     }
     let boot = bootstrap::Bootstrapper {
         settings,

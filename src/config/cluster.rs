@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::nats::{NatsKeys, NatsSettings, SecretKeys};
+
 /// The section as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -31,13 +33,44 @@ pub struct ClusterSection {
     pub heartbeat_ms: Option<u64>,
     /// A replica not heard from for this long has its bookings dropped. Default 5 000 (≥ 2 heartbeats).
     pub booking_ttl_ms: Option<u64>,
+    /// NATS authentication (one method at most): user and password, token, user NKey seed, or a
+    /// `.creds` file. Each secret inline, from `*_env` (a variable's name) or `*_file` (a path).
+    pub nats_user: Option<String>,
+    pub nats_password: Option<String>,
+    pub nats_password_env: Option<String>,
+    pub nats_password_file: Option<String>,
+    pub nats_token: Option<String>,
+    pub nats_token_env: Option<String>,
+    pub nats_token_file: Option<String>,
+    pub nats_nkey_seed: Option<String>,
+    pub nats_nkey_seed_env: Option<String>,
+    pub nats_nkey_seed_file: Option<String>,
+    pub nats_creds_file: Option<String>,
+    /// TLS to the NATS server: required (also by `tls://` or any file below), the CA to verify it
+    /// with, and a client certificate and key for servers that verify clients (mTLS).
+    pub nats_tls_required: Option<bool>,
+    pub nats_tls_ca_file: Option<String>,
+    pub nats_tls_cert_file: Option<String>,
+    pub nats_tls_key_file: Option<String>,
+    /// Another replica's word on a worker's load counts up to this floor plus `peer_load_ratio` ×
+    /// this replica's own in-flight tokens on that worker; the rest is refused. Default 4 096.
+    pub peer_load_floor_tokens: Option<u64>,
+    /// How many times this replica's own traffic another replica may claim (load on a worker, index
+    /// keys written per window). Default 4.
+    pub peer_load_ratio: Option<f64>,
+    /// Most other replicas heard from at once; messages of more are refused. Default 64.
+    pub max_peers: Option<usize>,
+    /// Most live bookings one other replica may hold here (its own `max_inflight_requests`).
+    /// Default 1 024.
+    pub max_peer_bookings: Option<usize>,
 }
 
 /// `[cluster]`, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSettings {
     pub replica_id: String,
-    pub nats_url: Option<String>,
+    /// The NATS connection (URL without credentials, authentication, TLS); none: nothing shared.
+    pub nats: Option<NatsSettings>,
     pub subject_prefix: String,
     pub peers: Vec<String>,
     pub peers_dns: Option<String>,
@@ -45,6 +78,22 @@ pub struct ClusterSettings {
     pub peer_timeout: Duration,
     pub heartbeat: Duration,
     pub booking_ttl: Duration,
+    pub quotas: PeerQuotas,
+}
+
+/// What one other replica may weigh here: bounds an honest replica stays within.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PeerQuotas {
+    pub load_floor_tokens: u64,
+    pub ratio: f64,
+    pub max_peers: usize,
+    pub max_bookings: usize,
+}
+
+impl Default for PeerQuotas {
+    fn default() -> PeerQuotas {
+        PeerQuotas { load_floor_tokens: 4_096, ratio: 4.0, max_peers: 64, max_bookings: 1_024 }
+    }
 }
 
 impl ClusterSection {
@@ -57,10 +106,13 @@ impl ClusterSection {
         if replica_id.is_empty() || replica_id.len() > 128 || !replica_id.chars().all(is_token_char) {
             anyhow::bail!("cluster.replica_id must be 1-128 characters of [A-Za-z0-9._-], got {replica_id:?}");
         }
-        if let Some(url) = &self.nats_url {
-            let ok = url::Url::parse(url).is_ok_and(|u| u.scheme() == "nats" && u.host_str().is_some());
-            anyhow::ensure!(ok, "cluster.nats_url must be nats://host:port, got {url:?}");
-        }
+        let nats = match &self.nats_url {
+            Some(url) => Some(self.nats_keys(url).settings()?),
+            None => {
+                anyhow::ensure!(self.nats_keys("").is_unset(), "cluster.nats_* keys need cluster.nats_url");
+                None
+            }
+        };
         let subject_prefix = self.subject_prefix.clone().unwrap_or_else(|| "mmrouter".into());
         let subject_ok = !subject_prefix.is_empty()
             && subject_prefix.split('.').all(|t| !t.is_empty() && t.chars().all(is_token_char));
@@ -83,7 +135,7 @@ impl ClusterSection {
         anyhow::ensure!(booking_ttl >= heartbeat * 2, "cluster.booking_ttl_ms must be at least 2 × heartbeat_ms");
         Ok(ClusterSettings {
             replica_id,
-            nats_url: self.nats_url.clone(),
+            nats,
             subject_prefix,
             peers: self.peers.iter().map(|p| p.trim_end_matches('/').to_owned()).collect(),
             peers_dns: self.peers_dns.clone(),
@@ -91,7 +143,44 @@ impl ClusterSection {
             peer_timeout: ms("peer_timeout_ms", self.peer_timeout_ms, 5_000)?,
             heartbeat,
             booking_ttl,
+            quotas: self.quotas()?,
         })
+    }
+
+    fn quotas(&self) -> anyhow::Result<PeerQuotas> {
+        let d = PeerQuotas::default();
+        let q = PeerQuotas {
+            load_floor_tokens: self.peer_load_floor_tokens.unwrap_or(d.load_floor_tokens),
+            ratio: self.peer_load_ratio.unwrap_or(d.ratio),
+            max_peers: self.max_peers.unwrap_or(d.max_peers),
+            max_bookings: self.max_peer_bookings.unwrap_or(d.max_bookings),
+        };
+        anyhow::ensure!(q.load_floor_tokens <= 1 << 32, "cluster.peer_load_floor_tokens must be at most 2^32");
+        anyhow::ensure!((0.0..=1000.0).contains(&q.ratio), "cluster.peer_load_ratio must be in 0..=1000");
+        anyhow::ensure!((1..=4096).contains(&q.max_peers), "cluster.max_peers must be in 1..=4096");
+        anyhow::ensure!((1..=1 << 20).contains(&q.max_bookings), "cluster.max_peer_bookings must be in 1..=1048576");
+        Ok(q)
+    }
+
+    /// The `nats_*` keys, for [`NatsKeys::settings`].
+    fn nats_keys(&self, url: &str) -> NatsKeys {
+        let secret = |inline: &Option<String>, env: &Option<String>, file: &Option<String>| SecretKeys {
+            inline: inline.clone(),
+            env: env.clone(),
+            file: file.clone(),
+        };
+        NatsKeys {
+            url: url.to_owned(),
+            user: self.nats_user.clone(),
+            password: secret(&self.nats_password, &self.nats_password_env, &self.nats_password_file),
+            token: secret(&self.nats_token, &self.nats_token_env, &self.nats_token_file),
+            nkey_seed: secret(&self.nats_nkey_seed, &self.nats_nkey_seed_env, &self.nats_nkey_seed_file),
+            creds_file: self.nats_creds_file.clone(),
+            tls_required: self.nats_tls_required,
+            tls_ca_file: self.nats_tls_ca_file.clone(),
+            tls_cert_file: self.nats_tls_cert_file.clone(),
+            tls_key_file: self.nats_tls_key_file.clone(),
+        }
     }
 }
 
@@ -133,6 +222,9 @@ mod tests {
     fn errors_name_the_key() {
         for (text, key) in [
             ("nats_url = \"http://x:1\"", "cluster.nats_url"),
+            ("nats_token = \"t\"", "cluster.nats_url"),
+            ("peer_load_ratio = -1.0", "cluster.peer_load_ratio"),
+            ("max_peers = 0", "cluster.max_peers"),
             ("peers = [\"r2:8080\"]", "cluster.peers[0]"),
             ("peers_dns = \"svc\"", "cluster.peers_dns"),
             ("replica_id = \"a b\"", "cluster.replica_id"),

@@ -16,14 +16,16 @@ mod cluster;
 mod file;
 mod flags;
 mod kv_events;
+mod nats;
 mod retries;
 mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
-pub use cluster::{ClusterSection, ClusterSettings};
+pub use cluster::{ClusterSection, ClusterSettings, PeerQuotas};
 pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
+pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};
 pub use retries::{RetryConfig, RetryConfigError};
 pub use settings::{
     AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,

@@ -38,6 +38,10 @@ pub const WORKER_IMAGES_RESIDENT: &str = "mmrouter_worker_images_resident";
 pub const WORKER_ENGINE_MM_CACHE_QUERIES: &str = "mmrouter_worker_engine_mm_cache_queries_total";
 /// Counter `{worker}`: the engine's own `vllm:mm_cache_hits` (of those, found there).
 pub const WORKER_ENGINE_MM_CACHE_HITS: &str = "mmrouter_worker_engine_mm_cache_hits_total";
+/// Counter `{worker, reason}`: a reading of those two refused as absurd and not mirrored (`not_a_number`,
+/// `not_finite`, `negative`, `implausible`: over 2^53, `hits_over_queries`, `backwards`: hits fell while
+/// queries did not, which no engine restart explains).
+pub const WORKER_ENGINE_COUNTERS_REFUSED: &str = "mmrouter_worker_engine_counters_refused_total";
 /// Histogram `{route}`: prompt tokens the chosen worker already held (predicted).
 pub const KV_OVERLAP_TOKENS: &str = "mmrouter_kv_overlap_tokens";
 /// Histogram `{stage}`: seconds spent per pipeline stage.
@@ -126,6 +130,10 @@ pub const CLUSTER_DISPATCHES_TOTAL: &str = "mmrouter_cluster_dispatches_total";
 /// Counter `{reason}`: cluster messages not sent or not applied (`queue_full`, `malformed`,
 /// `unknown_pool`, `unknown_worker`).
 pub const CLUSTER_MESSAGES_DROPPED_TOTAL: &str = "mmrouter_cluster_messages_dropped_total";
+/// Counter `{reason}`: other replicas' messages refused by their checks (`oversized`, `malformed`,
+/// `bad_name`, `implausible_load`, `too_many`, `quota_peers`, `quota_bookings`, `quota_load`,
+/// `quota_keys`, `quota_queue`).
+pub const CLUSTER_MESSAGES_REFUSED_TOTAL: &str = "mmrouter_cluster_messages_refused_total";
 /// Gauge `{state}`: 1 for the bootstrap's state: `pending`, `complete` or `incomplete`.
 pub const CLUSTER_BOOTSTRAP: &str = "mmrouter_cluster_bootstrap";
 /// Receive time of another replica's booking minus its send time, as the two hosts' clocks say.
@@ -139,6 +147,10 @@ pub const CLUSTER_SNAPSHOT_BYTES_TOTAL: &str = "mmrouter_cluster_snapshot_bytes_
 /// Counter `{reason}`: snapshot fetches that failed (`unreachable`, `status`, `timeout`, or the
 /// stream's refusal: `frame_too_large`, `malformed`, `truncated`, …).
 pub const CLUSTER_SNAPSHOT_FAILURES_TOTAL: &str = "mmrouter_cluster_snapshot_failures_total";
+/// Counter `{reason}`: a grafted snapshot's resume point the worker's engine refuted, so that rank
+/// fell back to the engine's ring and the worker's grafted state was dropped (`resume_ahead`: past
+/// anything the engine published; `resume_unreachable`: older than its ring reaches).
+pub const CLUSTER_RESUME_FALLBACKS_TOTAL: &str = "mmrouter_cluster_resume_fallbacks_total";
 
 /// A recorder with every family described and every histogram's buckets set.
 pub(super) fn recorder() -> PrometheusRecorder {
@@ -196,6 +208,10 @@ fn describe(r: &PrometheusRecorder) {
         "The engine's processor-cache lookups (vllm:mm_cache_queries), per worker.",
     );
     counter(WORKER_ENGINE_MM_CACHE_HITS, "The engine's processor-cache hits (vllm:mm_cache_hits), per worker.");
+    counter(
+        WORKER_ENGINE_COUNTERS_REFUSED,
+        "Readings of the engine's processor-cache counters refused as absurd, per worker and reason.",
+    );
     histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
     histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");
     histogram(IMAGE_PROBE_DURATION_SECONDS, Some(Unit::Seconds), "Time to read and probe one image.");
@@ -233,6 +249,7 @@ fn describe(r: &PrometheusRecorder) {
     gauge(CLUSTER_REMOTE_BOOKINGS, "Other replicas' bookings held as remote load now.");
     counter(CLUSTER_DISPATCHES_TOTAL, "Dispatch records (pending or approximate blocks) sent and applied.");
     counter(CLUSTER_MESSAGES_DROPPED_TOTAL, "Cluster messages not sent or not applied, by reason.");
+    counter(CLUSTER_MESSAGES_REFUSED_TOTAL, "Other replicas' messages refused by their checks or quotas, by reason.");
     gauge(CLUSTER_BOOTSTRAP, "1 for the bootstrap's state: pending, complete, incomplete.");
     histogram(
         CLUSTER_BOOKING_DELAY_SECONDS,
@@ -243,4 +260,5 @@ fn describe(r: &PrometheusRecorder) {
     gauge(CLUSTER_BOOTSTRAP_DURATION_SECONDS, "Seconds from start to the end of the bootstrap.");
     counter(CLUSTER_SNAPSHOT_BYTES_TOTAL, "Index snapshot bytes sent to and received from peer replicas.");
     counter(CLUSTER_SNAPSHOT_FAILURES_TOTAL, "Snapshot fetches from a peer that failed, by reason.");
+    counter(CLUSTER_RESUME_FALLBACKS_TOTAL, "Grafted resume points the engine refuted, by reason.");
 }
