@@ -58,6 +58,10 @@ pub struct MediaConfig {
     pub orientation: Orientation,
     /// Deadline for all images of one request together.
     pub deadline_ms: u64,
+    /// MiB that image probes may hold at once across all requests of the process (each whole image
+    /// probed and a decoder's copy of it; no pixels are ever decoded). A probe waits up to 2 s for
+    /// room, then its request falls back with reason `decode_budget`.
+    pub decode_budget_mb: usize,
     /// Also report whether an image's EXIF orientation transposes it (not a config key: the pipeline
     /// sets it in Mistral tokenizer mode, where the worker sizes an image both ways).
     #[serde(skip)]
@@ -86,15 +90,21 @@ impl Default for MediaConfig {
             data_url_memo_mb: 64,
             orientation: Orientation::Stored,
             deadline_ms: 15_000,
+            decode_budget_mb: 256,
             report_transposed: false,
         }
     }
 }
 
 impl MediaConfig {
+    /// `decode_budget_mb` in bytes.
+    pub(crate) fn decode_budget_bytes(&self) -> usize {
+        self.decode_budget_mb.saturating_mul(1 << 20)
+    }
+
     /// Checks every value; the message names the offending key.
     pub fn validate(&self) -> Result<(), String> {
-        let positive: [(&str, u64); 7] = [
+        let positive: [(&str, u64); 8] = [
             ("max_image_bytes", self.max_image_bytes as u64),
             ("max_images", self.max_images as u64),
             ("max_total_bytes", self.max_total_bytes as u64),
@@ -102,6 +112,7 @@ impl MediaConfig {
             ("fetch_timeout_ms", self.fetch_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
             ("deadline_ms", self.deadline_ms),
+            ("decode_budget_mb", self.decode_budget_mb as u64),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -112,6 +123,16 @@ impl MediaConfig {
             return Err(format!(
                 "media.max_total_bytes: {} is smaller than media.max_image_bytes = {}",
                 self.max_total_bytes, self.max_image_bytes
+            ));
+        }
+        let one_image = crate::media::budget::worst_case(self.max_image_bytes);
+        if self.decode_budget_bytes() < one_image {
+            return Err(format!(
+                "media.decode_budget_mb: {} MiB cannot hold the probe of one image of media.max_image_bytes = {} \
+                 (needs {} MiB)",
+                self.decode_budget_mb,
+                self.max_image_bytes,
+                one_image.div_ceil(1 << 20)
             ));
         }
         if self.url_cache_ttl_secs > 0 && self.url_cache_entries == 0 {
@@ -147,6 +168,11 @@ mod tests {
         assert!(cfg.validate().unwrap_err().starts_with("media.allow_hosts"));
         let cfg = MediaConfig { max_images: 0, ..MediaConfig::default() };
         assert!(cfg.validate().unwrap_err().starts_with("media.max_images"));
+        // The decode budget must hold at least one image's probe.
+        let cfg = MediaConfig { decode_budget_mb: 40, ..MediaConfig::default() };
+        assert!(cfg.validate().unwrap_err().starts_with("media.decode_budget_mb: 40 MiB"), "{:?}", cfg.validate());
+        let cfg = MediaConfig { decode_budget_mb: 0, ..MediaConfig::default() };
+        assert!(cfg.validate().unwrap_err().starts_with("media.decode_budget_mb"));
     }
 
     #[test]

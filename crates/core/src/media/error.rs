@@ -43,6 +43,14 @@ pub enum MediaError {
     /// Not one of JPEG, PNG, GIF, WebP, BMP.
     #[error("unsupported image format: {0}")]
     UnsupportedFormat(String),
+    /// A file of a format we read that the engines' loader (Pillow) would not open or load, told from
+    /// its headers (a BMP compression or layout it refuses, pixel data short of the declared size).
+    #[error("the engines' image loader refuses it: {0}")]
+    EngineRefuses(String),
+    /// The process-wide budget of bytes that probes hold at once (`media.decode_budget_mb`) stayed
+    /// full for as long as a probe may wait.
+    #[error("decode budget: {needed} bytes did not fit in media.decode_budget_mb = {limit} bytes in flight within {waited_ms} ms")]
+    DecodeBudget { needed: usize, limit: usize, waited_ms: u64 },
 }
 
 impl MediaError {
@@ -61,7 +69,9 @@ impl MediaError {
             MediaError::FetchTimeout { .. } => "fetch_timeout",
             MediaError::ProbeFailed(_) => "probe_failed",
             MediaError::DecodeFailed(_) => "decode_failed",
-            MediaError::UnsupportedFormat(_) => "unsupported_format",
+            // The same class as a format we do not read: the engine cannot open it either.
+            MediaError::UnsupportedFormat(_) | MediaError::EngineRefuses(_) => "unsupported_format",
+            MediaError::DecodeBudget { .. } => "decode_budget",
         }
     }
 
@@ -88,6 +98,8 @@ mod tests {
             (MediaError::ProbeFailed("x".into()), "probe_failed"),
             (MediaError::DecodeFailed("x".into()), "decode_failed"),
             (MediaError::UnsupportedFormat("x".into()), "unsupported_format"),
+            (MediaError::EngineRefuses("x".into()), "unsupported_format"),
+            (MediaError::DecodeBudget { needed: 2, limit: 1, waited_ms: 0 }, "decode_budget"),
             (MediaError::TooManyImages { count: 2, limit: 1 }, "too_many_images"),
             (MediaError::InvalidDataUrl("x".into()), "invalid_data_url"),
             (MediaError::InvalidUrl("x".into()), "invalid_url"),

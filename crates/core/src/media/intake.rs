@@ -1,5 +1,6 @@
 //! [`Intake`]: all images of one request, concurrently, under one deadline and the per-request
-//! limits; the probe-duration histogram is recorded here for every image.
+//! limits; the probe-duration histogram is recorded here for every image. A probe that needs the
+//! whole image reserves its worst case in the process-wide decode budget first.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::try_join_all;
 
 use crate::keys::ImageDigest;
-use crate::media::budget::Budget;
+use crate::media::budget::{worst_case, Budget, DecodeBudget, Reservation, DECODE_WAIT};
 use crate::media::cache::UrlCache;
 use crate::media::config::{MediaConfig, Orientation};
 use crate::media::data_url;
@@ -46,17 +47,30 @@ struct Inner {
     fetcher: Fetcher,
     cache: UrlCache,
     resent: ResentImages,
+    /// Shared by every intake of the process (see [`DecodeBudget::global`]).
+    decode_budget: Arc<DecodeBudget>,
+    decode_wait: Duration,
 }
 
 impl Intake {
     /// Validates `cfg` and builds the client; the error names the config key.
     pub fn new(cfg: MediaConfig) -> Result<Intake, String> {
+        Intake::with_decode_budget(cfg, DecodeBudget::global(), DECODE_WAIT)
+    }
+
+    /// [`Intake::new`] over another decode budget, with another wait for room in it.
+    pub(crate) fn with_decode_budget(
+        cfg: MediaConfig,
+        decode_budget: Arc<DecodeBudget>,
+        decode_wait: Duration,
+    ) -> Result<Intake, String> {
         cfg.validate()?;
         let guard = Arc::new(Guard::new(&cfg)?);
         let fetcher = Fetcher::new(&cfg, Arc::clone(&guard))?;
         let cache = UrlCache::new(Duration::from_secs(cfg.url_cache_ttl_secs), cfg.url_cache_entries);
         let resent = ResentImages::new(cfg.data_url_memo_mb.saturating_mul(1 << 20));
-        Ok(Intake { inner: Arc::new(Inner { cfg, guard, fetcher, cache, resent }) })
+        let inner = Inner { cfg, guard, fetcher, cache, resent, decode_budget, decode_wait };
+        Ok(Intake { inner: Arc::new(inner) })
     }
 
     /// The configuration in force.
@@ -176,8 +190,10 @@ impl Intake {
             Some(dims) if cfg.orientation == Orientation::Stored => dims,
             _ if prefix.len() == len => self.probe_off_thread(prefix).await?,
             _ => {
+                // Reserved before the whole image exists.
+                let held = self.reserve(len).await?;
                 let full = data_url::decode_data_url(url, cfg.max_image_bytes)?;
-                self.probe_off_thread(full).await?
+                self.probe_reserved(full, held).await?
             }
         };
         Ok(ImageInfo { digest, width, height, format, bytes: len, source: Source::DataUrl, transposed })
@@ -205,13 +221,31 @@ impl Intake {
         Ok(info)
     }
 
-    /// The slow path (a limited decode, or EXIF parsing) runs on the blocking pool so a large
-    /// image cannot stall the proxy's async workers.
+    /// Room in the decode budget for probing a whole image of `len` bytes.
+    async fn reserve(&self, len: usize) -> Result<Reservation, MediaError> {
+        let inner = &self.inner;
+        inner.decode_budget.reserve(worst_case(len), inner.cfg.decode_budget_bytes(), inner.decode_wait).await
+    }
+
+    /// The slow path (the whole image: a BMP's pixel data checked, a header `imagesize` does not
+    /// follow, EXIF parsing) under a reservation in the decode budget.
     async fn probe_off_thread(&self, bytes: Vec<u8>) -> Result<(u32, u32, &'static str), MediaError> {
+        let held = self.reserve(bytes.len()).await?;
+        self.probe_reserved(bytes, held).await
+    }
+
+    /// Runs on the blocking pool so a large image cannot stall the proxy's async workers; the
+    /// reservation goes with the work, so it is held until the work ends even if the request is
+    /// cancelled meanwhile.
+    async fn probe_reserved(&self, bytes: Vec<u8>, held: Reservation) -> Result<(u32, u32, &'static str), MediaError> {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || probe_bytes(&bytes, &inner.cfg))
-            .await
-            .map_err(|e| MediaError::ProbeFailed(format!("probe task failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let probed = probe_bytes(&bytes, &inner.cfg);
+            drop((bytes, held));
+            probed
+        })
+        .await
+        .map_err(|e| MediaError::ProbeFailed(format!("probe task failed: {e}")))?
     }
 }
 
@@ -227,5 +261,73 @@ fn not_fetchable(url: &str) -> MediaError {
     match scheme(url) {
         Some(s) => MediaError::FetchBlocked(format!("scheme '{s}' is not data: or http(s): '{shown}'")),
         None => MediaError::InvalidUrl(format!("'{shown}' is not a data: or http(s): URL")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::bmp::tests::bmp;
+    use base64::Engine;
+
+    const MIB: usize = 1 << 20;
+
+    /// A small config whose decode budget holds exactly one image's probe.
+    fn tight() -> MediaConfig {
+        let cfg = MediaConfig { max_image_bytes: MIB, max_total_bytes: 16 * MIB, ..MediaConfig::default() };
+        MediaConfig { decode_budget_mb: worst_case(MIB).div_ceil(MIB), ..cfg }
+    }
+
+    fn bmp_url(side: i32) -> String {
+        let row = (side as usize * 3).div_ceil(4) * 4;
+        let file = bmp(side, side, 24, 0, &vec![7; row * side as usize]);
+        format!("data:image/bmp;base64,{}", base64::engine::general_purpose::STANDARD.encode(file))
+    }
+
+    #[tokio::test]
+    async fn a_full_decode_budget_is_a_counted_fallback() {
+        let budget = Arc::new(DecodeBudget::default());
+        let intake = Intake::with_decode_budget(tight(), Arc::clone(&budget), Duration::ZERO).unwrap();
+        let url = bmp_url(20);
+        assert_eq!(intake.process(&[&url]).await.images.unwrap()[0].width, 20);
+        // Another request's probe holds the budget: this one may not wait, and falls back.
+        let other = budget.reserve(worst_case(MIB), tight().decode_budget_bytes(), Duration::ZERO).await.unwrap();
+        let err = intake.process(&[&url]).await.images.unwrap_err();
+        assert_eq!(err.label(), "decode_budget", "{err}");
+        drop(other);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_decode_budget_is_shared_by_concurrent_requests_of_every_intake() {
+        let budget = Arc::new(DecodeBudget::default());
+        let wait = Duration::from_secs(60);
+        let intakes: Vec<Intake> =
+            (0..2).map(|_| Intake::with_decode_budget(tight(), Arc::clone(&budget), wait).unwrap()).collect();
+        // Held by "another request": no intake over the same budget finds room...
+        let other = budget.reserve(worst_case(MIB), tight().decode_budget_bytes(), wait).await.unwrap();
+        for _ in 0..2 {
+            let impatient = Intake::with_decode_budget(tight(), Arc::clone(&budget), Duration::ZERO).unwrap();
+            let err = impatient.process(&[&bmp_url(9)]).await.images.unwrap_err();
+            assert_eq!(err.label(), "decode_budget");
+        }
+        // ...and eight requests of two images each, on two intakes, wait for it, then take turns.
+        let urls: Vec<String> = (10..18).map(bmp_url).collect();
+        let tasks: Vec<_> = urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                let (intake, url) = (intakes[i % 2].clone(), url.clone());
+                tokio::spawn(async move { intake.process(&[&url, &url]).await.images })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(budget.used(), worst_case(MIB), "nothing fits beside a whole budget's reservation");
+        drop(other);
+        for (i, task) in tasks.into_iter().enumerate() {
+            let images = task.await.unwrap().unwrap();
+            assert_eq!(images[1].width, 10 + i as u32);
+        }
+        assert_eq!(budget.used(), 0, "every reservation is given back");
     }
 }

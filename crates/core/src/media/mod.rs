@@ -18,15 +18,18 @@
 //! a 150 KB image in tens of microseconds.
 //!
 //! Layout: [`image`] (what is known of one image), [`error`] (the failures and their labels),
-//! [`config`] (`[media]`), [`data_url`] (bounded base64), [`probe`] (header size, limited decode
-//! fallback), [`allow`] (the guard's configured exceptions), [`guard`] (SSRF policy + checking DNS
+//! [`config`] (`[media]`), [`data_url`] (bounded base64), [`probe`] (size from the headers; no pixel
+//! is ever decoded), [`bmp`] (a BMP as the engines' Pillow opens and loads it, judged without
+//! expanding it), [`allow`] (the guard's configured exceptions), [`guard`] (SSRF policy + checking DNS
 //! resolver), [`fetch`] (bounded HTTP read with manual redirects), [`budget`] (the request-wide byte
-//! budget both readers charge), [`cache`] (URL → identity, TTL'd), [`resent`] (data URLs sent again:
+//! budget both readers charge, and the process-wide decode budget every whole-image probe reserves
+//! first), [`cache`] (URL → identity, TTL'd), [`resent`] (data URLs sent again:
 //! kept text → identity, compared whole), [`intake`] (concurrency, per-request
 //! limits, deadline, per-image timings). This file only re-exports: the children import each other by
 //! the defining file, never through here.
 
 mod allow;
+mod bmp;
 mod budget;
 mod cache;
 mod config;

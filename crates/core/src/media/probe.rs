@@ -1,21 +1,20 @@
-//! Width × height of an image: from the header with `imagesize` (works on a prefix; microseconds),
-//! and only when the header cannot tell, a decode with `image` under `Limits`. The pixel cap is
-//! applied to the header's claim before anything is decoded, so a tiny file claiming
-//! 100000×100000 is refused without allocating it.
+//! Width × height of an image, from its headers only: `imagesize` first (works on a prefix;
+//! microseconds), BMPs as the engines' Pillow reads them (`bmp.rs`: what it refuses, checked without
+//! expanding a pixel), and only when `imagesize` cannot tell, the header as an `image` decoder reads
+//! it. No pixel is ever decoded: the accounting needs the size alone, and a decode is what let a
+//! kilobyte of RLE cost hundreds of megabytes. The pixel cap is applied to the header's claim.
 
 use std::io::Cursor;
 
 use image::{ImageDecoder, ImageFormat, ImageReader, Limits};
 
+use crate::media::bmp;
+use crate::media::budget::HEADER_ALLOC;
 use crate::media::config::{MediaConfig, Orientation};
 use crate::media::error::MediaError;
 
 /// Bytes of a prefix worth probing: JPEG EXIF/ICC segments before SOF can each be up to 64 KiB.
 pub(crate) const HEADER_PROBE_BYTES: usize = 64 * 1024;
-
-/// Bounds of the fallback decoder's working memory.
-const MIN_DECODE_ALLOC: u64 = 64 * 1024 * 1024;
-const MAX_DECODE_ALLOC: u64 = 512 * 1024 * 1024;
 
 /// The formats we accept, as (label, `image` format).
 fn supported(kind: imagesize::ImageType) -> Option<(&'static str, ImageFormat)> {
@@ -64,9 +63,16 @@ pub(crate) fn probe_header(bytes: &[u8], cfg: &MediaConfig) -> Result<Option<(u3
         return Ok(None);
     };
     if format == ImageFormat::Bmp {
-        // A BMP header does not say whether the engines' loader (Pillow) can open the file: it refuses
-        // compressions the header happily declares (embedded JPEG/PNG, some RLE and bitfield layouts).
-        // Counting it would route a request the worker answers with 400, so BMPs are decoded.
+        // The headers alone may refuse it (a layout Pillow does not open, too many pixels); whether
+        // Pillow loads it depends on its pixel data too (rows all there, an RLE stream that fills the
+        // image), judged on the whole file in `probe_bytes`.
+        match bmp::header(bytes) {
+            Ok(header) => {
+                check_dims(header.width, header.height, cfg)?;
+            }
+            Err(MediaError::ProbeFailed(_)) => {} // a prefix too short: read more
+            Err(refused) => return Err(refused),
+        }
         return Ok(None);
     }
     match imagesize::blob_size(bytes) {
@@ -79,14 +85,15 @@ pub(crate) fn probe_header(bytes: &[u8], cfg: &MediaConfig) -> Result<Option<(u3
     }
 }
 
-/// Probes a complete image: header first, a limited decode only if the header cannot tell,
-/// then the orientation policy.
+/// Probes a complete image from its headers (a BMP as Pillow would load it), then the orientation
+/// policy.
 pub fn probe_bytes(bytes: &[u8], cfg: &MediaConfig) -> Result<(u32, u32, &'static str), MediaError> {
     let (label, format) = format_of(bytes)?
         .ok_or_else(|| MediaError::ProbeFailed(format!("{} bytes is too short for an image", bytes.len())))?;
     let (w, h) = match probe_header(bytes, cfg)? {
         Some((w, h, _)) => (w, h),
-        None => decode_dims(bytes, format, cfg)?,
+        None if format == ImageFormat::Bmp => bmp_dims(bytes, cfg)?,
+        None => decoder_dims(bytes, format, cfg)?,
     };
     if cfg.orientation == Orientation::Exif && swaps_axes(bytes, format, cfg) {
         return Ok((h, w, label));
@@ -94,12 +101,21 @@ pub fn probe_bytes(bytes: &[u8], cfg: &MediaConfig) -> Result<(u32, u32, &'stati
     Ok((w, h, label))
 }
 
+/// The headers Pillow reads, the pixel cap, then the pixel data's presence (never its expansion).
+fn bmp_dims(bytes: &[u8], cfg: &MediaConfig) -> Result<(u32, u32), MediaError> {
+    let header = bmp::header(bytes)?;
+    let dims = check_dims(header.width, header.height, cfg)?;
+    header.check_data(bytes)?;
+    Ok(dims)
+}
+
+/// A header read's limits: the pixel cap per side, and metadata memory (no pixel buffer is made).
 fn limits(cfg: &MediaConfig) -> Limits {
     let side = u32::try_from(cfg.max_pixels).unwrap_or(u32::MAX);
     let mut limits = Limits::default();
     limits.max_image_width = Some(side);
     limits.max_image_height = Some(side);
-    limits.max_alloc = Some(cfg.max_pixels.saturating_mul(4).clamp(MIN_DECODE_ALLOC, MAX_DECODE_ALLOC));
+    limits.max_alloc = Some(HEADER_ALLOC as u64);
     limits
 }
 
@@ -110,15 +126,14 @@ fn decode_error(e: image::ImageError) -> MediaError {
     }
 }
 
-/// Full decode under `Limits`; the header's claim is checked before any pixel is decoded.
-fn decode_dims(bytes: &[u8], format: ImageFormat, cfg: &MediaConfig) -> Result<(u32, u32), MediaError> {
+/// The size as an `image` decoder reads it from the headers, for layouts `imagesize` does not follow;
+/// its pixels are never read.
+fn decoder_dims(bytes: &[u8], format: ImageFormat, cfg: &MediaConfig) -> Result<(u32, u32), MediaError> {
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     reader.limits(limits(cfg));
     let decoder = reader.into_decoder().map_err(decode_error)?;
     let (w, h) = decoder.dimensions();
-    check_dims(u64::from(w), u64::from(h), cfg)?;
-    let img = image::DynamicImage::from_decoder(decoder).map_err(decode_error)?;
-    Ok((img.width(), img.height()))
+    check_dims(u64::from(w), u64::from(h), cfg)
 }
 
 /// True when `bytes` (an image, or its first bytes) carry an EXIF orientation that transposes it.
@@ -132,6 +147,9 @@ pub(crate) fn transposes(bytes: &[u8], cfg: &MediaConfig) -> bool {
 /// True when the EXIF orientation is one of the four that transpose the image (5–8).
 fn swaps_axes(bytes: &[u8], format: ImageFormat, cfg: &MediaConfig) -> bool {
     use image::metadata::Orientation as O;
+    if format == ImageFormat::Bmp {
+        return false; // no EXIF in a BMP
+    }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     reader.limits(limits(cfg));
     let orientation = reader.into_decoder().and_then(|mut d| d.orientation());
@@ -157,35 +175,25 @@ mod tests {
         v
     }
 
-    /// A 2×2 24-bit BMP; `compression` 0 is plain RGB, 4 declares embedded JPEG data.
-    fn bmp(compression: u32) -> Vec<u8> {
-        let mut v = b"BM".to_vec();
-        let le = |v: &mut Vec<u8>, n: u32| v.extend_from_slice(&n.to_le_bytes());
-        le(&mut v, 54 + 16); // file size
-        le(&mut v, 0);
-        le(&mut v, 54); // pixel data offset
-        le(&mut v, 40); // BITMAPINFOHEADER
-        le(&mut v, 2);
-        le(&mut v, 2);
-        v.extend_from_slice(&1u16.to_le_bytes()); // planes
-        v.extend_from_slice(&24u16.to_le_bytes()); // bits per pixel
-        le(&mut v, compression);
-        le(&mut v, 16);
-        for _ in 0..4 {
-            le(&mut v, 0);
-        }
-        v.extend_from_slice(&[0x20; 16]); // two rows of 2 pixels, padded to 4 bytes
-        v
-    }
-
     #[test]
-    fn bmps_are_counted_only_when_they_decode() {
+    fn bmps_are_counted_only_when_pillow_loads_them() {
+        use crate::media::bmp::tests::{bmp, rle8_bomb};
         let cfg = MediaConfig::default();
-        assert_eq!(probe_bytes(&bmp(0), &cfg).unwrap(), (2, 2, "bmp"));
-        // The header claims 2×2 either way; only decoding tells that the engine cannot open it.
-        assert_eq!(imagesize::blob_size(&bmp(4)).map(|s| (s.width, s.height)).unwrap(), (2, 2));
-        assert_eq!(probe_header(&bmp(4), &cfg).unwrap(), None);
-        assert_eq!(probe_bytes(&bmp(4), &cfg).unwrap_err().label(), "decode_failed");
+        assert_eq!(probe_bytes(&bmp(2, 2, 24, 0, &[0x20; 16]), &cfg).unwrap(), (2, 2, "bmp"));
+        // The header claims 2×2 either way; its compression (embedded JPEG) tells, from a prefix
+        // already, that the engine cannot open it.
+        let jpeg_inside = bmp(2, 2, 24, 4, &[0x20; 16]);
+        assert_eq!(imagesize::blob_size(&jpeg_inside).map(|s| (s.width, s.height)).unwrap(), (2, 2));
+        assert_eq!(probe_header(&jpeg_inside, &cfg).unwrap_err().label(), "unsupported_format");
+        assert_eq!(probe_bytes(&jpeg_inside, &cfg).unwrap_err().label(), "unsupported_format");
+        // A plain one needs the whole file (are all its rows there?).
+        assert_eq!(probe_header(&bmp(2, 2, 24, 0, &[0x20; 16]), &cfg).unwrap(), None);
+        // The attack (1 080 bytes declaring 11 000 × 11 000): refused from its headers and its
+        // two-byte stream; over a tighter pixel cap, refused from the header alone.
+        let err = probe_bytes(&rle8_bomb(11_000), &cfg).unwrap_err();
+        assert!(matches!(err, MediaError::EngineRefuses(_)), "{err:?}");
+        let tight = MediaConfig { max_pixels: 1_000_000, ..MediaConfig::default() };
+        assert_eq!(probe_bytes(&rle8_bomb(11_000), &tight).unwrap_err().label(), "too_large");
     }
 
     #[test]

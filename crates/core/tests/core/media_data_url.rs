@@ -109,7 +109,7 @@ async fn sof_beyond_the_header_prefix_is_still_found() {
 }
 
 #[tokio::test]
-async fn header_probe_failure_falls_back_to_a_limited_decode() {
+async fn header_probe_failure_falls_back_to_the_decoders_header_read() {
     // A 0xFF fill byte before the first marker is valid JPEG (T.81 B.1.1.2) but trips imagesize's
     // marker walk; the decoder handles it.
     let jpg = fixture("rocket.jpg");
@@ -178,7 +178,7 @@ async fn data_url_limits_and_errors() {
         (data_url("image/tiff", b"II*\x00\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00"), "unsupported_format"),
         (data_url("image/png", b"\x89PNG\r\n\x1a\n"), "probe_failed"),
         // A BMP whose header declares 2x2 with embedded-JPEG compression: Pillow cannot open it.
-        (data_url("image/bmp", &bmp_declaring_jpeg()), "decode_failed"),
+        (data_url("image/bmp", &bmp_declaring_jpeg()), "unsupported_format"),
     ] {
         let err = intake.process(&refs(&[bad])).await.images.unwrap_err();
         assert_eq!(err.label(), label, "{err}");
