@@ -17,11 +17,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use mmrouter_core::routing::events::{EventCounts, RankMap, WorkerEvents};
 use mmrouter_core::routing::{Router, Worker};
-use mmrouter_kv_events::{spawn_feed, FeedEvent, FeedHandle, FeedStats};
+use mmrouter_kv_events::{spawn_feed, FeedEvent, FeedHandle, FeedStats, ResetReason};
 
 use super::discovery::{resolve, Refusals};
 use crate::config::{KvEventsSection, WorkerSettings};
-use crate::observe::{FeedSample, Observer};
+use crate::observe::{FeedSample, Observer, CLUSTER_RESUME_FALLBACKS_TOTAL};
 
 /// Most engine block hashes one worker's event state tracks (a GPU holds far fewer blocks); beyond it
 /// the worker's state is reset rather than grow. Never more than the worker's share of its pool's index
@@ -110,7 +110,9 @@ impl WorkerFeeds {
 
     /// The grafted state reflects each rank's events up to `seqs[rank]` (a rank missing: nothing, so it
     /// replays from 0): the held feeds replay from there and follow live; feeds resolved later start
-    /// there. Only the first call counts.
+    /// there. Each seq is a peer's word: the feed checks it against the engine, and one the engine
+    /// refutes arrives as a `Reset` (`resume_ahead`, `resume_unreachable`), which drops the worker's
+    /// grafted state and is counted. Only the first call counts.
     pub fn resume(&self, seqs: BTreeMap<u32, u64>) {
         {
             let mut sync = self.sync.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,7 +284,14 @@ async fn follow(
                 router.worker(w).report_cache(held, !ops.removed.is_empty() && !ops.cleared);
             }
             // Logged (rate-limited) by the feed itself.
-            FeedEvent::Reset { .. } => {
+            FeedEvent::Reset { reason } => {
+                if matches!(reason, ResetReason::ResumeAhead | ResetReason::ResumeUnreachable) {
+                    // A peer's snapshot said where this rank stood and its engine disagrees: the
+                    // grafted state goes with the reset below, and the engine's ring follows.
+                    observe.cluster_count(CLUSTER_RESUME_FALLBACKS_TOTAL, ("reason", reason.label()), 1);
+                    tracing::warn!(worker = %feeds.held.name(), rank, reason = reason.label(),
+                        "cluster: the engine refuted a snapshot's resume point; its grafted state is dropped");
+                }
                 let mut ingest = feeds.ingest.lock().unwrap_or_else(|e| e.into_inner());
                 ingest.events.reset();
                 ingest.applied.clear();

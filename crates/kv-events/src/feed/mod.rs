@@ -14,6 +14,10 @@
 //!    * `seq <= last` yields [`ResetReason::Restart`];
 //!    * after the connection was lost, the next message yields [`ResetReason::Restart`] or (with
 //!      [`FeedConfig::reset_on_reconnect`], the default) [`ResetReason::Reconnect`];
+//!    * a held feed's resume point ([`FeedHandle::resume`]) is checked against the engine's ring (or,
+//!      without one, its live stream): one ahead of what the engine published yields
+//!      [`ResetReason::ResumeAhead`] and a replay from 0, one the ring no longer reaches
+//!      [`ResetReason::ResumeUnreachable`] and the ring from its start;
 //! 3. decodes payloads with [`crate::decode`] and sends [`FeedEvent`]s on a bounded channel. A full channel
 //!    applies backpressure to the socket; the engine's PUB then drops and the feed replays the gap.
 //!
@@ -235,6 +239,13 @@ pub enum ResetReason {
     /// The connection to the publisher was lost and re-established; the publisher may have restarted
     /// and already published past the last seen seq, which seq numbers cannot reveal.
     Reconnect,
+    /// The point [`FeedHandle::resume`] gave is ahead of anything the engine published (its ring has
+    /// nothing that far, or its live stream has not got there): the consumer's state came from
+    /// somewhere else than this engine's batches. What follows is the engine's ring from its start.
+    ResumeAhead,
+    /// The engine's ring no longer reaches back to the point [`FeedHandle::resume`] gave: batches the
+    /// consumer's state lacks are gone. What follows is the ring from its start.
+    ResumeUnreachable,
 }
 
 impl ResetReason {
@@ -244,6 +255,8 @@ impl ResetReason {
             ResetReason::Restart => "restart",
             ResetReason::Resync => "resync",
             ResetReason::Reconnect => "reconnect",
+            ResetReason::ResumeAhead => "resume_ahead",
+            ResetReason::ResumeUnreachable => "resume_unreachable",
         }
     }
 }
@@ -327,6 +340,8 @@ pub(crate) struct Counters {
     pub resyncs: AtomicU64,
     pub restarts: AtomicU64,
     pub reconnect_resets: AtomicU64,
+    pub resume_ahead: AtomicU64,
+    pub resume_unreachable: AtomicU64,
     pub disconnects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub socket_recreations: AtomicU64,
@@ -385,6 +400,8 @@ impl Counters {
             resyncs: g(&self.resyncs),
             restarts: g(&self.restarts),
             reconnect_resets: g(&self.reconnect_resets),
+            resume_ahead: g(&self.resume_ahead),
+            resume_unreachable: g(&self.resume_unreachable),
             disconnects: g(&self.disconnects),
             connect_failures: g(&self.connect_failures),
             socket_recreations: g(&self.socket_recreations),
@@ -425,6 +442,10 @@ pub struct FeedStats {
     pub restarts: u64,
     /// [`ResetReason::Reconnect`] resets emitted.
     pub reconnect_resets: u64,
+    /// [`ResetReason::ResumeAhead`] resets emitted.
+    pub resume_ahead: u64,
+    /// [`ResetReason::ResumeUnreachable`] resets emitted.
+    pub resume_unreachable: u64,
     /// Times the publisher connection was lost.
     pub disconnects: u64,
     /// Failed connection attempts of the SUB socket (including failed handshakes).
@@ -468,10 +489,13 @@ impl FeedHandle {
     }
 
     /// For a feed started with [`FeedConfig::hold_until_resumed`]: the consumer's state reflects every
-    /// batch up to `after` (`None`: none). The feed replays from the next seq (from 0: everything the
+    /// batch up to `after` (`None`: none). The feed replays from there (from 0: everything the
     /// engine's ring still holds), then delivers what it held and follows live, and reports
     /// [`FeedEvent::Synced`] when that replay is over. Without a replay endpoint the held batches are
-    /// delivered as live ones. Later calls, and calls on a feed that does not hold, do nothing.
+    /// delivered as live ones. `after` is someone else's word (a peer replica's snapshot), so it is
+    /// checked against the engine: a point ahead of the engine or out of its ring's reach is answered
+    /// with [`FeedEvent::Reset`] ([`ResetReason::ResumeAhead`], [`ResetReason::ResumeUnreachable`])
+    /// and the ring from its start. Later calls, and calls on a feed that does not hold, do nothing.
     pub fn resume(&self, after: Option<u64>) {
         if let Some(tx) = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = tx.send(after);
@@ -577,5 +601,7 @@ mod tests {
         assert_eq!(Malformed::from(FrameError::SeqLength(4)).label(), "bad_seq");
         assert_eq!(Malformed::from(DecodeError::BatchNotArray).label(), "batch_not_array");
         assert_eq!(ResetReason::Resync.label(), "resync");
+        assert_eq!(ResetReason::ResumeAhead.label(), "resume_ahead");
+        assert_eq!(ResetReason::ResumeUnreachable.label(), "resume_unreachable");
     }
 }

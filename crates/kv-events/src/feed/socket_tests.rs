@@ -623,6 +623,57 @@ async fn a_held_feed_without_replay_resumed_early_follows_live() {
     engine.shutdown().await;
 }
 
+/// A peer replica's snapshot said this engine is at seq 2^64−1. The engine's ring shows it is not:
+/// the point is refused (counted), the whole ring is replayed, and the feed follows live afterwards
+/// instead of taking every later batch for a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_point_ahead_of_the_engine_is_refused_and_the_ring_replayed() {
+    let mut engine = FakeEngine::start(ReplayFormat::FourFrames, 100).await;
+    let mut cfg = engine.feed_config();
+    cfg.hold_until_resumed = true;
+    let (handle, mut rx) = spawn_feed(cfg).unwrap();
+    engine.wait_subscribed().await;
+    for n in 0..3 {
+        engine.publish(payload(n)).await;
+    }
+    wait_until("held", || handle.stats().messages == 3).await;
+    handle.resume(Some(u64::MAX));
+    expect_reset(&mut rx, ResetReason::ResumeAhead).await;
+    for n in 0..3 {
+        expect_batch(&mut rx, n, true).await;
+    }
+    assert!(matches!(next(&mut rx).await, FeedEvent::Synced));
+    engine.publish(payload(3)).await;
+    expect_batch(&mut rx, 3, false).await;
+    let stats = handle.stats();
+    assert_eq!((stats.resume_ahead, stats.resume_unreachable, stats.resyncs), (1, 0, 0), "{stats:?}");
+    assert!(stats.history_complete);
+    engine.shutdown().await;
+}
+
+/// The snapshot's point is older than the engine's ring reaches: refused as unreachable, and the
+/// ring is taken from its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_point_the_ring_no_longer_holds_is_refused() {
+    let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 4).await;
+    let mut cfg = engine.feed_config();
+    cfg.hold_until_resumed = true;
+    let (handle, mut rx) = spawn_feed(cfg).unwrap();
+    engine.wait_subscribed().await;
+    for n in 0..10 {
+        engine.publish(payload(n)).await;
+    }
+    wait_until("held", || handle.stats().messages == 10).await;
+    handle.resume(Some(2)); // the ring holds 6..=9
+    expect_reset(&mut rx, ResetReason::ResumeUnreachable).await;
+    for n in 6..10 {
+        expect_batch(&mut rx, n, true).await;
+    }
+    assert!(matches!(next(&mut rx).await, FeedEvent::Synced));
+    assert_eq!(handle.stats().resume_unreachable, 1);
+    engine.shutdown().await;
+}
+
 /// An engine without a replay socket and a feed subscribed to it (`hold`: held until resumed).
 async fn subscribed_without_replay(hold: bool) -> (FakeEngine, FeedHandle, mpsc::Receiver<FeedEvent>) {
     let mut engine = FakeEngine::start(ReplayFormat::ThreeFrames, 100).await;

@@ -21,6 +21,13 @@
 //! * after the SUB lost its connection, the first message decides: `seq <= last` → `Reset(Restart)`;
 //!   otherwise, with `reset_on_reconnect`, `Reset(Reconnect)` (a restarted publisher may already have
 //!   published past `last`, which seq numbers alone cannot reveal); then it is treated as a first message.
+//! * a resume point ([`Tracker::resume`], a peer replica's word) is checked against the engine before it
+//!   counts. With a replay endpoint the replay starts *at* the point, not after it: a ring that answers
+//!   with nothing at or past it shows the point is ahead of anything the engine published →
+//!   `Reset(ResumeAhead)` and a replay from 0; a ring whose first batch lies beyond the point's successor
+//!   no longer reaches back to it → `Reset(ResumeUnreachable)` and the ring from its start. Without one
+//!   the live stream's newest seq is all the engine tells: a point past it (or, nothing held yet, a
+//!   first live message at or before it) is `ResumeAhead`, a hole right after it `ResumeUnreachable`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -94,6 +101,12 @@ pub(crate) struct Tracker<T> {
     held: Option<Held<T>>,
     /// A resumed sync has not ended yet: [`Action::Synced`] is still owed.
     sync_owed: bool,
+    /// The resume point while the engine has not shown a batch at or past it: until it does, the
+    /// point may be ahead of anything the engine published (a peer's word only).
+    unproven: Option<u64>,
+    /// The resume point while nothing after it was delivered: a hole right after it means the engine
+    /// can no longer give what the consumer's state lacks.
+    resumed_at: Option<u64>,
 }
 
 /// Live messages held before [`Tracker::resume`], oldest first, within the replay buffer's bounds
@@ -115,6 +128,8 @@ impl<T: Weigh> Tracker<T> {
             live_high: None,
             held: None,
             sync_owed: false,
+            unproven: None,
+            resumed_at: None,
         }
     }
 
@@ -124,20 +139,34 @@ impl<T: Weigh> Tracker<T> {
         Tracker { held: Some(Held { buffer: VecDeque::new(), bytes: 0 }), ..Tracker::new(cfg, counters) }
     }
 
-    /// The consumer's state now reflects every batch up to `after` (`None`: nothing): replay from the
-    /// next one — everything the engine's ring still holds from seq 0 when `None` — then the held
-    /// live messages; [`Action::Synced`] follows once that is over. Without a replay endpoint the held
-    /// messages are applied as live ones (a gap resyncs). Only the first call counts.
+    /// The consumer's state now reflects every batch up to `after` (`None`: nothing): replay from
+    /// there — everything the engine's ring still holds from seq 0 when `None` — then the held live
+    /// messages; [`Action::Synced`] follows once that is over. Without a replay endpoint the held
+    /// messages are applied as live ones (a gap resyncs). `after` is checked against the engine first
+    /// (see the module's rules): a point it cannot continue from resets the consumer with
+    /// [`ResetReason::ResumeAhead`] or [`ResetReason::ResumeUnreachable`]. Only the first call counts.
     pub(crate) fn resume(&mut self, after: Option<u64>, out: &mut Vec<Action<T>>) {
         let Some(held) = self.held.take() else { return };
         self.last = after;
         self.complete = false;
         self.sync_owed = true;
+        self.resumed_at = after;
         if self.cfg.replay_enabled {
-            let from = after.map_or(0, |s| s.saturating_add(1));
-            self.start_replay_with(from, held.buffer, out);
+            // From the point itself: the engine still holding batch `after` (or anything past it) is
+            // what shows the point is one it reached.
+            self.unproven = after;
+            self.start_replay_with(after.unwrap_or(0), held.buffer, out);
             return;
         }
+        if let Some(at) = after {
+            match self.live_high {
+                Some(high) if high < at => self.reset(ResetReason::ResumeAhead, out),
+                Some(_) => {}
+                None => self.unproven = Some(at), // the first live message decides
+            }
+        }
+        // The held messages are judged against each other, not against the newest of them.
+        self.live_high = None;
         for (seq, item) in held.buffer {
             self.on_live(seq, item, out);
         }
@@ -206,6 +235,15 @@ impl<T: Weigh> Tracker<T> {
             return self.settle(out);
         }
 
+        // A resume point the engine has not vouched for: a live stream still at or before it shows
+        // the point is ahead of the engine (a replica's snapshot cannot be ahead of what it received).
+        if let Some(at) = self.unproven.take() {
+            if seq <= at {
+                self.reset(ResetReason::ResumeAhead, out);
+                return self.first(seq, item, out);
+            }
+        }
+
         if std::mem::take(&mut self.disconnected) {
             if let Some(last) = self.last {
                 if seq <= last {
@@ -243,6 +281,9 @@ impl<T: Weigh> Tracker<T> {
     /// A data message of the running replay arrived.
     pub(crate) fn on_replay_item(&mut self, seq: u64, item: T, out: &mut Vec<Action<T>>) {
         if self.replay.is_some() {
+            if self.unproven.is_some_and(|at| seq >= at) {
+                self.unproven = None; // the ring reaches the resume point: it is not ahead
+            }
             self.apply_ordered(seq, item, true, out);
         }
     }
@@ -305,8 +346,25 @@ impl<T: Weigh> Tracker<T> {
     /// consecutive replays.
     fn finish_replay(&mut self, ok: bool, out: &mut Vec<Action<T>>) {
         let Some(replay) = self.replay.take() else { return };
-        let progressed = self.last != replay.last_at_start;
         let mut buffer = replay.buffer;
+        if let Some(at) = self.unproven {
+            // The ring answered with nothing at or past the resume point (`ok`), or, when it could not
+            // answer, the live stream is the engine's word: no batch that far yet means the point is
+            // ahead of the engine. Nothing held either: the first live message decides.
+            let ahead = ok || self.live_high.is_some_and(|high| high < at);
+            if ok || self.live_high.is_some() {
+                self.unproven = None;
+            }
+            if ahead {
+                self.reset(ResetReason::ResumeAhead, out);
+                if ok {
+                    // Everything the ring holds instead, then the held messages.
+                    self.start_replay_with(0, buffer, out);
+                    return;
+                }
+            }
+        }
+        let progressed = self.last != replay.last_at_start;
         while let Some((seq, item)) = buffer.pop_front() {
             match self.last {
                 Some(last) if ok && progressed && last.checked_add(1).is_some_and(|next| seq > next) => {
@@ -338,12 +396,15 @@ impl<T: Weigh> Tracker<T> {
 
     fn deliver(&mut self, seq: u64, item: T, replayed: bool, out: &mut Vec<Action<T>>) {
         self.last = Some(seq);
+        self.resumed_at = None;
         out.push(Action::Deliver { seq, item, replayed });
     }
 
-    /// The consumer's state for this publisher has a hole that cannot be filled.
+    /// The consumer's state for this publisher has a hole that cannot be filled: right after a resume
+    /// point, the point was one the engine can no longer continue from.
     fn resync(&mut self, out: &mut Vec<Action<T>>) {
-        self.reset(ResetReason::Resync, out);
+        let unreachable = self.resumed_at.is_some() && self.resumed_at == self.last;
+        self.reset(if unreachable { ResetReason::ResumeUnreachable } else { ResetReason::Resync }, out);
     }
 
     fn reset(&mut self, reason: ResetReason, out: &mut Vec<Action<T>>) {
@@ -351,10 +412,14 @@ impl<T: Weigh> Tracker<T> {
             ResetReason::Restart => &self.counters.restarts,
             ResetReason::Resync => &self.counters.resyncs,
             ResetReason::Reconnect => &self.counters.reconnect_resets,
+            ResetReason::ResumeAhead => &self.counters.resume_ahead,
+            ResetReason::ResumeUnreachable => &self.counters.resume_unreachable,
         };
         Counters::inc(counter);
         self.last = None;
         self.complete = false;
+        // Whatever the resume point was, the consumer's state it described is gone.
+        (self.unproven, self.resumed_at) = (None, None);
         out.push(Action::Reset(reason));
     }
 }
@@ -743,8 +808,10 @@ mod tests {
         let mut h = holding(true);
         assert_eq!(h.live(41), vec![], "held, not delivered, no replay yet");
         assert_eq!(h.live(42), vec![]);
-        // The grafted state stands at 39: replay 40.., then the held 41, 42 are duplicates or follow.
-        assert_eq!(resume(&mut h, Some(39)), vec![Action::StartReplay { from: 40 }]);
+        // The grafted state stands at 39: replay 39.. (39 itself shows the engine reached it), then the
+        // held 41, 42 are duplicates or follow.
+        assert_eq!(resume(&mut h, Some(39)), vec![Action::StartReplay { from: 39 }]);
+        assert_eq!(h.replayed(39), vec![], "the resume point itself is a duplicate");
         assert_eq!(h.replayed(40), vec![rep(40)]);
         assert_eq!(h.replayed(41), vec![rep(41)]);
         assert_eq!(h.end(true), vec![live(42), Action::Synced]);
@@ -776,7 +843,87 @@ mod tests {
         let mut h = holding(false);
         h.live(20);
         let out = resume(&mut h, Some(9));
-        assert_eq!(out, vec![Action::Reset(ResetReason::Resync), live(20), Action::Synced], "a gap resyncs");
+        let unreachable = Action::Reset(ResetReason::ResumeUnreachable);
+        assert_eq!(out, vec![unreachable, live(20), Action::Synced], "a gap right after the point");
+        // Held messages at and before the point are duplicates, not a restart.
+        let mut h = holding(false);
+        for s in 8..12 {
+            h.live(s);
+        }
+        assert_eq!(resume(&mut h, Some(9)), vec![live(10), live(11), Action::Synced]);
+        assert_eq!((h.get(|c| &c.restarts), h.get(|c| &c.duplicates)), (0, 2));
+    }
+
+    /// A peer's snapshot said the engine is at 2^64−1: the ring has nothing that far, so the point is
+    /// refused and everything the ring holds is replayed instead (not ignored for good as duplicates).
+    #[test]
+    fn a_resume_point_ahead_of_the_ring_resets_and_replays_from_zero() {
+        let mut h = holding(true);
+        h.live(5);
+        h.live(6);
+        assert_eq!(resume(&mut h, Some(u64::MAX)), vec![Action::StartReplay { from: u64::MAX }]);
+        let ahead = Action::Reset(ResetReason::ResumeAhead);
+        assert_eq!(h.end(true), vec![ahead, Action::StartReplay { from: 0 }]);
+        for s in 0..=6 {
+            assert_eq!(h.replayed(s), vec![rep(s)]);
+        }
+        assert_eq!(h.end(true), vec![Action::Synced], "the held 5, 6 were replayed already");
+        assert_eq!(h.live(7), vec![live(7)]);
+        assert!(h.t.history_complete());
+        assert_eq!((h.get(|c| &c.resume_ahead), h.get(|c| &c.resyncs)), (1, 0));
+        // No traffic at all yet: an empty ring answers nothing, which is as good a refusal.
+        let mut h = holding(true);
+        assert_eq!(resume(&mut h, Some(100)), vec![Action::StartReplay { from: 100 }]);
+        assert_eq!(h.end(true), vec![Action::Reset(ResetReason::ResumeAhead), Action::StartReplay { from: 0 }]);
+        assert_eq!(h.end(true), vec![Action::Synced]);
+        assert_eq!(h.live(0), vec![live(0)]);
+    }
+
+    #[test]
+    fn a_resume_point_the_ring_no_longer_reaches_resets_and_takes_the_ring_from_its_start() {
+        let mut h = holding(true);
+        h.live(50);
+        assert_eq!(resume(&mut h, Some(10)), vec![Action::StartReplay { from: 10 }]);
+        assert_eq!(h.replayed(40), vec![Action::Reset(ResetReason::ResumeUnreachable), rep(40)]);
+        for s in 41..=50 {
+            assert_eq!(h.replayed(s), vec![rep(s)]);
+        }
+        assert_eq!(h.end(true), vec![Action::Synced]);
+        assert_eq!((h.get(|c| &c.resume_unreachable), h.get(|c| &c.resyncs)), (1, 0));
+        // The ring's oldest is the point's successor: nothing is missing.
+        let mut h = holding(true);
+        resume(&mut h, Some(10));
+        assert_eq!(h.replayed(11), vec![rep(11)]);
+        assert_eq!(h.end(true), vec![Action::Synced]);
+        assert_eq!(h.get(|c| &c.resume_unreachable) + h.get(|c| &c.resume_ahead), 0);
+    }
+
+    #[test]
+    fn without_the_ring_the_live_stream_judges_the_resume_point() {
+        // The replay failed: what was held shows the engine is at 3, not 9.
+        let mut h = holding(true);
+        h.live(3);
+        resume(&mut h, Some(9));
+        assert_eq!(h.end(false), vec![Action::Reset(ResetReason::ResumeAhead), live(3), Action::Synced]);
+        // The replay failed and nothing was held: the first live message decides.
+        let mut h = holding(true);
+        resume(&mut h, Some(9));
+        assert_eq!(h.end(false), vec![Action::Synced]);
+        assert_eq!(h.live(4), vec![Action::Reset(ResetReason::ResumeAhead), Action::StartReplay { from: 0 }]);
+        let mut h = holding(true);
+        resume(&mut h, Some(9));
+        h.end(false);
+        assert_eq!(h.live(10), vec![live(10)], "a stream past the point proves it");
+        // No replay endpoint at all.
+        let mut h = holding(false);
+        h.live(3);
+        let out = resume(&mut h, Some(u64::MAX));
+        assert_eq!(out, vec![Action::Reset(ResetReason::ResumeAhead), live(3), Action::Synced]);
+        let mut h = holding(false);
+        assert_eq!(resume(&mut h, Some(u64::MAX)), vec![Action::Synced]);
+        assert_eq!(h.live(0), vec![Action::Reset(ResetReason::ResumeAhead), live(0)]);
+        assert_eq!(h.live(1), vec![live(1)]);
+        assert_eq!(h.get(|c| &c.resume_ahead), 1);
     }
 
     #[test]
