@@ -17,7 +17,7 @@ use crate::observe::*;
 use crate::pools::Pools;
 
 /// Messages the NATS client holds for the subscriber before it drops (it counts slow consumers).
-const SUBSCRIPTION_CAPACITY: usize = 256;
+const SUBSCRIPTION_CAPACITY: usize = 128;
 /// Longest pause between two reconnection attempts: a restarted NATS is found again within it.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 

@@ -50,7 +50,7 @@ async fn health(url: &str) -> (u16, Value) {
 }
 
 /// Polls `/health` until 200; returns the body and when it turned ready.
-async fn until_ready(url: &str) -> (Value, Instant) {
+pub(crate) async fn until_ready(url: &str) -> (Value, Instant) {
     let end = Instant::now() + Duration::from_secs(30);
     while Instant::now() < end {
         let (status, body) = health(url).await;
@@ -249,17 +249,18 @@ async fn the_snapshot_endpoint_needs_the_admin_key() {
 
 /// `nats-server` on 127.0.0.1:`port` (installed from Debian's package when missing).
 fn nats_server(port: u16) -> Child {
+    nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string()])
+}
+
+/// `nats-server` with these arguments, once it listens on `port`.
+pub(crate) fn nats_server_with(port: u16, args: &[&str]) -> Child {
     let bin = ["nats-server", "/usr/bin/nats-server", "/usr/sbin/nats-server"]
         .into_iter()
         .find(|b| Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok())
         .map(str::to_owned)
         .unwrap_or_else(install_nats_server);
-    let child = Command::new(bin)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nats-server starts");
+    let child =
+        Command::new(bin).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("nats-server starts");
     let end = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < end, "nats-server never listened on {port}");
@@ -278,7 +279,7 @@ fn install_nats_server() -> String {
     "nats-server".into()
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -309,11 +310,11 @@ fn replica(id: &str, nats_port: u16, workers: &str) -> Replica {
     Replica { child, url: format!("http://{addr}"), _dir: dir }
 }
 
-async fn metrics_of(url: &str) -> String {
+pub(crate) async fn metrics_of(url: &str) -> String {
     client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
 }
 
-async fn until_metric(url: &str, name: &str, labels: &str, what: &str, f: impl Fn(f64) -> bool) -> Duration {
+pub(crate) async fn until_metric(url: &str, name: &str, labels: &str, what: &str, f: impl Fn(f64) -> bool) -> Duration {
     let start = Instant::now();
     loop {
         let v = metric(&metrics_of(url).await, name, labels);
