@@ -18,6 +18,7 @@ mod harness;
 mod health_checks;
 mod hostile_feeds;
 mod image_bombs;
+mod image_bombs;
 mod kv_events;
 mod limits;
 mod metrics_format;

@@ -180,8 +180,13 @@ impl BmpHeader {
                 Ok(())
             }
             _ => {
-                let stride = ((self.width * u64::from(self.bits) + 31) >> 3) & !3;
-                let need = stride.saturating_mul(self.height);
+                // Rows are padded to 4 bytes; the last row's padding is never read.
+                let bits = self.width * u64::from(self.bits);
+                let stride = ((bits + 31) >> 3) & !3;
+                let need = match self.height {
+                    0 => 0,
+                    h => stride.saturating_mul(h - 1).saturating_add(bits.div_ceil(8)),
+                };
                 if (data.len() as u64) < need {
                     return Err(refuse(format!("pixel data truncated: {} of {need} bytes", data.len())));
                 }
@@ -308,13 +313,16 @@ pub(crate) mod tests {
 
     #[test]
     fn raw_pixels_must_all_be_in_the_file() {
-        // 3 × 2 at 24 bits: rows of 9 bytes padded to 12.
+        // 3 × 2 at 24 bits: rows of 9 bytes padded to 12 (the last one's padding may be missing).
         assert_eq!(accepted(&bmp(3, 2, 24, RAW, &[0; 24])).unwrap(), (3, 2));
-        assert!(accepted(&bmp(3, 2, 24, RAW, &[0; 23])).is_err());
+        assert_eq!(accepted(&bmp(3, 2, 24, RAW, &[0; 21])).unwrap(), (3, 2));
+        let err = accepted(&bmp(3, 2, 24, RAW, &[0; 20])).unwrap_err();
+        assert!(err.to_string().contains("truncated: 20 of 21 bytes"), "{err}");
         // A top-down image (negative height) has the same size.
         assert_eq!(accepted(&bmp(3, -2, 24, RAW, &[0; 24])).unwrap(), (3, 2));
-        // 1-bit rows are padded to 4 bytes too.
-        assert_eq!(accepted(&bmp(33, 1, 1, RAW, &[0; 8])).unwrap(), (33, 1));
+        // 1-bit rows are padded to 4 bytes too: 33 pixels take 5 bytes, 8 with padding.
+        assert_eq!(accepted(&bmp(33, 2, 1, RAW, &[0; 13])).unwrap(), (33, 2));
+        assert!(accepted(&bmp(33, 2, 1, RAW, &[0; 12])).is_err());
     }
 
     #[test]

@@ -55,6 +55,29 @@ pub fn gif_header(w: u16, h: u16) -> Vec<u8> {
     v
 }
 
+/// Issue 45's BMP bomb: an RLE8 file of 1 080 bytes declaring `side` × `side`. `filled`: its stream
+/// fills the image with deltas (Pillow loads it); else it ends at once (Pillow refuses to load it).
+pub fn rle8_bomb(side: u32, filled: bool) -> Vec<u8> {
+    let mut stream = Vec::new();
+    if filled {
+        let deltas = u64::from(side).div_ceil(255) as usize;
+        stream.extend(std::iter::repeat_n([0u8, 2, 0, 255], deltas).flatten());
+    }
+    stream.extend_from_slice(&[0, 1]);
+    let offset = 54 + 1024u32;
+    let mut v = b"BM".to_vec();
+    for n in [offset + stream.len() as u32, 0, offset, 40, side, side] {
+        v.extend_from_slice(&n.to_le_bytes());
+    }
+    v.extend_from_slice(&[1, 0, 8, 0]); // planes, bits per pixel
+    for n in [1u32, stream.len() as u32, 2835, 2835, 0, 0] {
+        v.extend_from_slice(&n.to_le_bytes()); // compression 1: RLE8
+    }
+    v.extend((0..1024u32).map(|i| (i * 7 % 251) as u8)); // 256 colours, none grey
+    v.extend_from_slice(&stream);
+    v
+}
+
 /// What the server does for one path.
 #[derive(Clone)]
 pub enum Reply {

@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::PathBuf;
 
-use crate::media_common::{fixture, gif_header, png_header, FIXTURES};
+use crate::media_common::{fixture, gif_header, png_header, rle8_bomb, FIXTURES};
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine;
 use mmrouter_core::media::{decode_data_url, probe_bytes, MediaConfig, MediaError};
@@ -118,6 +118,22 @@ fn bombs_are_refused_without_allocating_their_pixels() {
         assert!(matches!(res, Err(MediaError::TooManyPixels { .. })), "{res:?}");
         assert!(peak < 64 * 1024, "bomb probe allocated {peak} bytes");
     }
+}
+
+/// Issue 45: a 1 080-byte RLE8 BMP declaring 11 000 × 11 000 (under the pixel cap) was decoded in full,
+/// 363 MB. Now it is judged from its headers and stream: refused (Pillow cannot load it) or counted
+/// (its stream fills the image), and neither holds a pixel.
+#[test]
+fn rle_bmp_bombs_are_judged_without_expanding_them() {
+    let cfg = MediaConfig::default();
+    let bomb = rle8_bomb(11_000, false);
+    assert_eq!(bomb.len(), 1080);
+    let (res, peak) = peak_alloc(|| probe_bytes(&bomb, &cfg));
+    assert_eq!(res.unwrap_err().label(), "unsupported_format");
+    assert!(peak < 64 * 1024, "bomb probe allocated {peak} bytes");
+    let (res, peak) = peak_alloc(|| probe_bytes(&rle8_bomb(11_000, true), &cfg));
+    assert_eq!(res.unwrap(), (11_000, 11_000, "bmp"));
+    assert!(peak < 64 * 1024, "filled bomb probe allocated {peak} bytes");
 }
 
 #[test]
