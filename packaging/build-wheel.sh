@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the mmrouter wheel: the release binary, in a manylinux_2_34 x86_64 wheel (maturin, bin bindings).
+# Builds the mmrouter wheel (distribution `mmrouter-kv`, command `mmrouter`): the release binary, in a manylinux_2_34 x86_64 wheel (maturin, bin bindings).
 #   packaging/build-wheel.sh [OUT_DIR]        # default target/wheels; prints the wheel's path last
 # maturin (pinned) comes from PyPI into a venv under target/ ($MATURIN_VENV to use another). It builds
 # with cargo's own release profile into the repository's target/, so a `cargo build --release` of the
@@ -20,6 +20,6 @@ if [[ ! -x $venv/bin/maturin ]] || [[ $("$venv/bin/maturin" --version) != "matur
   "$venv/bin/pip" install -q "maturin==$maturin_version"
 fi
 # The sources' own lock file; the wheels from earlier builds of this version are replaced.
-rm -f "$out"/mmrouter-*.whl
+rm -f "$out"/mmrouter_kv-*.whl
 (cd packaging && "$venv/bin/maturin" build --release --locked --compatibility manylinux_2_34 --out "$out" >&2)
-ls "$out"/mmrouter-*.whl
+ls "$out"/mmrouter_kv-*.whl
