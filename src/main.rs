@@ -29,7 +29,17 @@ fn main() -> ExitCode {
                 json,
             })
         }
-        Cmd::Doctor { config, model_dir, workers, block_size, engine, kv_events, timeout_secs, json } => {
+        Cmd::Doctor {
+            config,
+            model_dir,
+            workers,
+            block_size,
+            engine,
+            kv_events,
+            timeout_secs,
+            deadline_secs,
+            json,
+        } => {
             let args = mmrouter::cli::doctor::DoctorArgs {
                 config,
                 model_dir,
@@ -37,7 +47,10 @@ fn main() -> ExitCode {
                 block_size,
                 engine,
                 kv_events,
-                timeout: std::time::Duration::from_secs(timeout_secs),
+                limits: mmrouter::cli::doctor::Limits {
+                    timeout: std::time::Duration::from_secs(timeout_secs),
+                    deadline: std::time::Duration::from_secs(deadline_secs),
+                },
                 json,
             };
             tokio::runtime::Builder::new_multi_thread()
@@ -83,7 +96,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Loadgen(opts) => {
             let report = mmrouter_loadgen::run(opts).await?;
-            println!("{}", report.table());
+            mmrouter::cli::print_quietly(&format!("{}\n", report.table()))?;
             Ok(())
         }
         Cmd::Count { .. } | Cmd::Doctor { .. } | Cmd::Workload(_) => unreachable!("handled without this runtime"),

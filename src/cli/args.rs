@@ -70,9 +70,13 @@ pub enum Cmd {
         /// The workers' KV events (with --model-dir): `discover`, or an endpoint (one worker).
         #[arg(long)]
         kv_events: Option<String>,
-        /// Seconds each request to a worker may take.
+        /// Seconds each request to a worker may take, whole (connect to the answer's last byte).
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
+        /// Seconds the whole run may take: then the workers still being checked keep what was found
+        /// and fail a `deadline` line (exit 1).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        deadline_secs: u64,
         #[arg(long)]
         json: bool,
     },

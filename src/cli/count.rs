@@ -58,7 +58,7 @@ pub fn run_count(args: &CountArgs<'_>) -> anyhow::Result<i32> {
         .with_context(|| format!("loading the image-token counter for --model-dir {model_dir}"))?;
     let rows = count_rows(&counter, sizes, files);
     let out = if json { render_json(&rows)? } else { render_table(&counter, &rows) };
-    print!("{out}");
+    super::print_quietly(&out)?;
     Ok(if rows.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
 }
 

@@ -10,3 +10,15 @@ pub mod demo;
 pub mod doctor;
 pub mod render;
 pub mod serve;
+
+use std::io::Write as _;
+
+/// Writes a command's report to stdout; a reader that has gone (`mmrouter doctor --json | head`) is
+/// no error and no panic, as for any Unix filter.
+pub fn print_quietly(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}

@@ -27,6 +27,6 @@ pub async fn run(model_dir: &str, request_file: &Path, completion: bool) -> anyh
     let endpoint = if completion { Endpoint::Completion } else { Endpoint::Chat };
     let request = Request::parse(endpoint, &body)?;
     let planned = pipeline.plan_with(&request, true).await?;
-    println!("{}", serde_json::to_string_pretty(&trace_json(&planned))?);
+    super::print_quietly(&format!("{}\n", serde_json::to_string_pretty(&trace_json(&planned))?))?;
     Ok(())
 }

@@ -25,7 +25,7 @@ pub async fn run(args: ServeArgs, shutdown: impl Future<Output = ()> + Send + 's
     let file = args.config.clone().or_else(|| (!flags.set_pool()).then(|| PathBuf::from(DEFAULT_CONFIG)));
     if args.print_config {
         let (text, _) = config_text(file.as_deref(), &flags)?;
-        print!("{PRINTED_HEADER}{text}");
+        super::print_quietly(&format!("{PRINTED_HEADER}{text}"))?;
         return Ok(());
     }
     match file {

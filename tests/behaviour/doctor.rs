@@ -1,10 +1,12 @@
 //! `mmrouter doctor` against simulated workers: a healthy pool passes every line; a worker with
 //! another block size, a kv_events address nothing listens on, or another chat template fails the
-//! right line with a fix hint. (The same failures against a real vLLM: `tests/engine/`.)
+//! right line with a fix hint. (The same failures against a real vLLM: `tests/engine/`.) Hostile
+//! answers: 62 MiB of JSON is refused at its cap with the doctor's memory small, a dripping answer
+//! costs its request's timeout, and a run ends by its deadline with what it found.
 
 use std::time::Duration;
 
-use mmrouter::cli::doctor::{diagnose, Line, Status};
+use mmrouter::cli::doctor::{diagnose, Limits, Line, Status};
 use mmrouter::config::Settings;
 use mmrouter_sim::{SimHandle, SimOptions};
 
@@ -123,4 +125,197 @@ fn the_command_prints_json_and_exits_1_on_a_failure() {
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter")).args(["doctor"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--config FILE, or --model-dir"), "{bad:?}");
+}
+
+/// A fake worker: `/health` answers, `/v1/models` lists `m` unless `models` is false, and every other
+/// path answers what `rest` makes of it.
+async fn fake_worker(models: bool, rest: fn(&str) -> axum::response::Response) -> String {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" })).fallback(
+        move |uri: axum::http::Uri| async move {
+            if models && uri.path() == "/v1/models" {
+                return axum::Json(serde_json::json!({ "object": "list", "data": [{ "id": "m" }] })).into_response();
+            }
+            rest(uri.path())
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// 62 MiB of JSON that is tiny nodes (`{}`), the costliest shape to parse into a tree.
+fn huge_json() -> bytes::Bytes {
+    static BODY: std::sync::OnceLock<bytes::Bytes> = std::sync::OnceLock::new();
+    BODY.get_or_init(|| {
+        let n = (62 << 20) / 3;
+        let mut body = Vec::with_capacity(n * 3 + 16);
+        body.extend_from_slice(b"{\"data\":[");
+        for _ in 0..n {
+            body.extend_from_slice(b"{},");
+        }
+        body.extend_from_slice(b"{}]}");
+        bytes::Bytes::from(body)
+    })
+    .clone()
+}
+
+/// `/version` declares its length; every other path sends 62 MiB in 1 MiB chunks, without a length.
+fn huge_answer(path: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = huge_json();
+    if path == "/version" {
+        return ([("content-type", "application/json")], body).into_response();
+    }
+    let chunks = (0..body.len())
+        .step_by(1 << 20)
+        .map(move |at| Ok::<_, std::convert::Infallible>(body.slice(at..(at + (1 << 20)).min(body.len()))));
+    axum::body::Body::from_stream(futures_util::stream::iter(chunks)).into_response()
+}
+
+/// One byte a second, for ever.
+fn dripping(_: &str) -> axum::response::Response {
+    let drip = futures_util::stream::unfold((), |()| async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Some((Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(b" ")), ()))
+    });
+    axum::response::Response::new(axum::body::Body::from_stream(drip))
+}
+
+/// What `mmrouter doctor` printed and how it ended, with its peak resident memory (`VmHWM`, read while
+/// it ran) and its wall time; killed, and so failing, after 60 s.
+struct Run {
+    code: Option<i32>,
+    json: serde_json::Value,
+    peak_rss_kib: u64,
+    took: std::time::Duration,
+}
+
+fn run_doctor(args: Vec<String>) -> Run {
+    use std::io::Read as _;
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .arg("doctor")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        out.read_to_end(&mut text).unwrap();
+        text
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_rss_kib = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        let hwm = std::fs::read_to_string(&status_file).ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        });
+        peak_rss_kib = peak_rss_kib.max(hwm.unwrap_or(0));
+        if started.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let took = started.elapsed();
+    let text = reader.join().unwrap();
+    let json = serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&text)));
+    Run { code: status.code(), json, peak_rss_kib, took }
+}
+
+fn line<'a>(json: &'a serde_json::Value, check: &str) -> &'a serde_json::Value {
+    let checks = json["checks"].as_array().unwrap();
+    checks.iter().find(|l| l["check"] == check).unwrap_or_else(|| panic!("no {check} line: {json:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_62_mib_answer_is_refused_at_its_cap_and_the_doctor_stays_small() {
+    let url = fake_worker(true, huge_answer).await;
+    let args = ["--model-dir", "qwen3-vl", "--worker", &url, "--json", "--timeout-secs", "20", "--deadline-secs", "40"];
+    let args = args.map(str::to_owned).to_vec();
+    let run = tokio::task::spawn_blocking(move || run_doctor(args)).await.unwrap();
+    assert_eq!(run.code, Some(1), "{:#}", run.json);
+    let (fail, skip) = (serde_json::json!("fail"), serde_json::json!("skip"));
+    for (check, status, says) in [
+        ("engine", &fail, "/version: answer larger than 1 MiB"),
+        ("block_size", &skip, "/metrics: answer larger than 4 MiB"),
+        ("render_text", &fail, "answer larger than 16 MiB"),
+        ("prompt_tokens_image", &fail, "answer larger than 1 MiB"),
+        ("cached_tokens", &fail, "answer larger than 1 MiB"),
+    ] {
+        let l = line(&run.json, check);
+        assert_eq!(&l["status"], status, "{l}");
+        assert!(l["detail"].as_str().unwrap().contains(says), "{l}");
+    }
+    assert_eq!(line(&run.json, "served_model")["status"], "ok", "{:#}", run.json);
+    // The same run against a worker that is not there: the model's tokenizers and templates, loaded
+    // before any check, are the doctor's floor (~210 MiB in a debug build).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let nothing = format!("http://127.0.0.1:{port}");
+    let floor = tokio::task::spawn_blocking(move || {
+        run_doctor(vec!["--model-dir".into(), "qwen3-vl".into(), "--worker".into(), nothing, "--json".into()])
+    })
+    .await
+    .unwrap();
+    let (peak, floor) = (run.peak_rss_kib / 1024, floor.peak_rss_kib / 1024);
+    eprintln!("doctor's peak RSS: {peak} MiB on 62 MiB answers, {floor} MiB with no worker");
+    assert!(floor > 0, "VmHWM was read");
+    // Reading every answer whole and parsing it as a tree took gigabytes; at most a cap's worth now.
+    assert!(peak < floor + 48, "doctor's peak RSS {peak} MiB on 62 MiB answers, {floor} MiB with no worker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dripping_answer_costs_its_request_timeout() {
+    let url = fake_worker(false, dripping).await;
+    let settings = Settings::parse(&format!("[model]\ndir = \"qwen3-vl\"\n[[workers]]\nname = \"w\"\nurl = {url:?}\n"))
+        .expect("valid test config");
+    let limits = Limits { timeout: Duration::from_secs(1), deadline: Duration::from_secs(30) };
+    let started = std::time::Instant::now();
+    let lines = diagnose(&settings, limits).await.expect("the doctor runs");
+    // Three requests (version, models, metrics), a second each; the probes need a model.
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    let engine = status(&lines, "w", "engine");
+    assert_eq!((engine.status, engine.detail.as_str()), (Status::Fail, "/version: no whole answer within 1s"));
+    assert_eq!(status(&lines, "w", "served_model").status, Status::Fail, "{lines:#?}");
+    assert!(status(&lines, "w", "block_size").detail.contains("no whole answer within 1s"), "{lines:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_ends_by_its_deadline_with_what_it_found() {
+    let url = fake_worker(false, dripping).await;
+    let args = ["--model-dir", "qwen3-vl", "--worker", &url, "--json", "--timeout-secs", "60", "--deadline-secs", "3"];
+    let args = args.map(str::to_owned).to_vec();
+    let run = tokio::task::spawn_blocking(move || run_doctor(args)).await.unwrap();
+    assert_eq!(run.code, Some(1), "{:#}", run.json);
+    // The deadline, plus starting the process and loading the model.
+    assert!(run.took < Duration::from_secs(10), "took {:?}", run.took);
+    assert_eq!(line(&run.json, "reachable")["status"], "ok", "{:#}", run.json);
+    let deadline = line(&run.json, "deadline");
+    assert_eq!(deadline["status"], "fail");
+    assert!(deadline["detail"].as_str().unwrap().contains("passed during these checks"), "{deadline}");
+    assert!(deadline["hint"].as_str().unwrap().contains("--deadline-secs"), "{deadline}");
+}
+
+#[test]
+fn a_closed_pipe_ends_the_doctor_quietly() {
+    // Nothing listens: the report is printed into a pipe whose reader has gone.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .args(["doctor", "--model-dir", "qwen3-vl", "--worker", &format!("http://127.0.0.1:{port}"), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
 }

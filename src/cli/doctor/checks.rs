@@ -1,21 +1,23 @@
 //! The checks of one worker, in order: reachable → engine → served model → cache config → KV events
 //! (found, bound) → per probe: render ids, prompt tokens → events flowing, uuid named → cached tokens
-//! after a repeat. Each check adds one line; a check that cannot run says why (skip).
+//! after a repeat. Each check adds one line; a check that cannot run says why (skip). Every answer is
+//! read under its cap and parsed into the typed fields below (`http.rs`).
 
 use std::time::Duration;
 
 use mmrouter_core::pipeline::{splice_uuids, Pipeline, Planned, Route};
 use mmrouter_core::request::{Endpoint, Request};
 use mmrouter_core::routing::Engine;
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::events::{bound, Listener, Seen};
-use super::http::WorkerHttp;
+use super::http::{Expect, HttpError, WorkerHttp};
 use super::probe::{probes, Probe};
-use super::report::{Checks, Line};
+use super::report::Checks;
 use crate::config::{EventSource, KvEventsSection, PoolSettings, WorkerSettings};
 
 /// What every worker of a pool is checked against.
+#[derive(Clone, Copy)]
 pub struct Scope<'a> {
     pub pool: &'a PoolSettings,
     pub pipeline: &'a Pipeline,
@@ -34,45 +36,101 @@ struct Sent {
     planned: Planned,
 }
 
-pub async fn worker(scope: &Scope<'_>, w: &WorkerSettings) -> Vec<Line> {
-    let mut c = Checks::new(&scope.pool.name, &w.spec.name);
+/// `/version` (vLLM) or `/server_info` (SGLang): only the version is read.
+#[derive(Deserialize)]
+struct VersionAnswer {
+    version: Option<String>,
+}
+
+/// `/v1/models`: the served names.
+#[derive(Deserialize)]
+struct ModelList {
+    #[serde(default)]
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Deserialize)]
+struct ModelEntry {
+    id: Option<String>,
+}
+
+/// vLLM's render answer: the token ids and the image placeholders' ranges (the pixels are skipped).
+#[derive(Deserialize)]
+struct RenderAnswer {
+    #[serde(default)]
+    token_ids: Vec<u32>,
+    features: Option<RenderFeatures>,
+}
+
+#[derive(Deserialize)]
+struct RenderFeatures {
+    mm_placeholders: Option<Placeholders>,
+}
+
+#[derive(Deserialize)]
+struct Placeholders {
+    #[serde(default)]
+    image: Vec<Placeholder>,
+}
+
+#[derive(Deserialize)]
+struct Placeholder {
+    offset: u64,
+    length: u64,
+}
+
+/// A chat answer: only its `usage`.
+#[derive(Deserialize)]
+struct ChatAnswer {
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    prompt_tokens: Option<u64>,
+    prompt_tokens_details: Option<TokenDetails>,
+}
+
+#[derive(Deserialize)]
+struct TokenDetails {
+    cached_tokens: Option<u64>,
+}
+
+/// Checks one worker, adding its lines to `c` as they are found: the caller's deadline may stop this
+/// between any two, and the lines found so far still count.
+pub async fn worker(scope: &Scope<'_>, w: &WorkerSettings, c: &mut Checks) {
     let http = match WorkerHttp::new(&w.spec.url, scope.timeout) {
         Ok(http) => http,
-        Err(e) => {
-            c.fail("reachable", e.to_string(), "check the worker's URL");
-            return c.lines;
-        }
+        Err(e) => return c.fail("reachable", e.to_string(), "check the worker's URL"),
     };
-    if !reachable(&mut c, &http).await {
-        return c.lines;
+    if !reachable(c, &http).await {
+        return;
     }
-    engine(&mut c, &http, w.spec.engine).await;
-    let model = served_model(&mut c, &http, scope.pool).await;
-    cache_config(&mut c, &http, w.spec.engine, scope.pool.pipeline.model.block_size).await;
-    let listener = kv_events(&mut c, w, scope.limits).await;
+    engine(c, &http, w.spec.engine).await;
+    let model = served_model(c, &http, scope.pool).await;
+    cache_config(c, &http, w.spec.engine, scope.pool.pipeline.model.block_size).await;
+    let listener = kv_events(c, w, scope.limits).await;
     let Some(model) = model else {
-        c.skip("probes", "no model to send the probe chats to");
-        return c.lines;
+        return c.skip("probes", "no model to send the probe chats to");
     };
     let nonce = format!("{:016x}", rand::random::<u64>());
     let mut image = None;
     for probe in probes(&model, &nonce) {
-        if let Some(sent) = probe_once(&mut c, (&http, w.spec.engine), scope.pipeline, probe).await {
+        if let Some(sent) = probe_once(c, (&http, w.spec.engine), scope.pipeline, probe).await {
             if sent.name == "image" {
                 image = Some(sent);
             }
         }
     }
     if let Some(listener) = &listener {
-        events_seen(&mut c, listener, image.as_ref(), (w.spec.engine, scope.pool.pipeline.model.block_size)).await;
+        events_seen(c, listener, image.as_ref(), (w.spec.engine, scope.pool.pipeline.model.block_size)).await;
     }
-    cached_tokens(&mut c, &http, image.as_ref()).await;
-    c.lines
+    cached_tokens(c, &http, image.as_ref()).await;
 }
 
 async fn reachable(c: &mut Checks, http: &WorkerHttp) -> bool {
     let started = std::time::Instant::now();
-    match http.get("/health").await {
+    match http.get("/health", Expect::Json).await {
         Ok(a) if a.is_success() => {
             c.ok("reachable", format!("/health {} in {} ms", a.status, started.elapsed().as_millis()));
             true
@@ -82,7 +140,7 @@ async fn reachable(c: &mut Checks, http: &WorkerHttp) -> bool {
             false
         }
         Err(e) => {
-            c.fail("reachable", e, "start the worker, or fix its url (and the network path to it)");
+            c.fail("reachable", e.to_string(), "start the worker, or fix its url (and the network path to it)");
             false
         }
     }
@@ -93,8 +151,8 @@ async fn engine(c: &mut Checks, http: &WorkerHttp, engine: Engine) {
         Engine::Vllm => "/version",
         Engine::Sglang => "/server_info",
     };
-    match http.get_json(path).await {
-        Ok(v) => match v["version"].as_str() {
+    match http.get_json::<VersionAnswer>(path).await {
+        Ok(v) => match v.version {
             Some(version) => c.ok("engine", format!("{} {version}", engine_name(engine))),
             None => c.fail("engine", format!("{path} has no version"), wrong_engine(engine)),
         },
@@ -116,10 +174,8 @@ fn wrong_engine(engine: Engine) -> String {
 /// The model the probes use: the pool's first name the worker serves, or (a pool taking any model)
 /// the worker's first.
 async fn served_model(c: &mut Checks, http: &WorkerHttp, pool: &PoolSettings) -> Option<String> {
-    let served: Vec<String> = match http.get_json("/v1/models").await {
-        Ok(v) => {
-            v["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect()
-        }
+    let served: Vec<String> = match http.get_json::<ModelList>("/v1/models").await {
+        Ok(list) => list.data.into_iter().filter_map(|m| m.id).collect(),
         Err(e) => {
             c.fail("served_model", format!("/v1/models: {e}"), "the worker must serve the OpenAI API under /v1");
             return None;
@@ -152,7 +208,7 @@ async fn cache_config(c: &mut Checks, http: &WorkerHttp, engine: Engine, block_s
         c.skip("block_size", "SGLang does not publish its cache config; check --page-size by hand");
         return;
     }
-    let text = match http.get("/metrics").await {
+    let text = match http.get("/metrics", Expect::Metrics).await {
         Ok(a) if a.is_success() => String::from_utf8_lossy(&a.body).into_owned(),
         Ok(a) => return c.skip("block_size", format!("/metrics: {}", a.excerpt())),
         Err(e) => return c.skip("block_size", format!("/metrics: {e}")),
@@ -298,9 +354,9 @@ fn forwarded(body: &[u8], planned: &Planned, engine: Engine) -> Vec<u8> {
 
 /// The worker's own token ids and image spans (vLLM's `/v1/chat/completions/render`) vs the router's.
 async fn render(c: &mut Checks, http: &WorkerHttp, check: &'static str, (body, planned): (&[u8], &Planned)) {
-    let answer = match http.post("/v1/chat/completions/render", body.to_vec()).await {
+    let answer = match http.post("/v1/chat/completions/render", body.to_vec(), Expect::Render).await {
         Ok(a) => a,
-        Err(e) => return c.fail(check, e, "the worker did not answer the render request"),
+        Err(e) => return c.fail(check, e.to_string(), "the worker did not answer the render request"),
     };
     match answer.status {
         403 => {
@@ -316,13 +372,12 @@ async fn render(c: &mut Checks, http: &WorkerHttp, check: &'static str, (body, p
         }
         _ => {}
     }
-    let v = match answer.json() {
+    let v: RenderAnswer = match answer.parse() {
         Ok(v) => v,
-        Err(e) => return c.fail(check, e, "the render answer is not JSON"),
+        Err(e) => return c.fail(check, e.to_string(), "the render answer is not the JSON vLLM sends"),
     };
     let trace = planned.trace.as_ref().expect("planned with a trace");
-    let theirs: Vec<u32> =
-        v["token_ids"].as_array().into_iter().flatten().filter_map(|t| t.as_u64()).map(|t| t as u32).collect();
+    let theirs = v.token_ids;
     if let Some(at) = first_difference(&trace.ids, &theirs) {
         let show = |ids: &[u32]| format!("{:?}", &ids[at.min(ids.len())..(at + 5).min(ids.len())]);
         let detail = format!(
@@ -335,12 +390,11 @@ async fn render(c: &mut Checks, http: &WorkerHttp, check: &'static str, (body, p
         return c.fail(check, detail, TEMPLATE_HINT);
     }
     let spans: Vec<(u64, u64)> = trace.spans.iter().map(|s| (u64::from(s.offset), u64::from(s.len))).collect();
-    let placeholders: Vec<(u64, u64)> = v["features"]["mm_placeholders"]["image"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| (p["offset"].as_u64().unwrap_or(0), p["length"].as_u64().unwrap_or(0)))
-        .collect();
+    let placeholders: Vec<(u64, u64)> = v
+        .features
+        .and_then(|f| f.mm_placeholders)
+        .map(|p| p.image.iter().map(|p| (p.offset, p.length)).collect())
+        .unwrap_or_default();
     let detail = format!("{} ids equal, image spans router {spans:?} worker {placeholders:?}", theirs.len());
     c.check(check, spans == placeholders, detail, || {
         "same ids, different image ranges: the engine keys image blocks by its own ranges (see the README's families table)".to_owned()
@@ -357,33 +411,24 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
 }
 
 /// `usage.prompt_tokens` of a real chat vs the router's count.
-async fn prompt_tokens(
-    c: &mut Checks,
-    http: &WorkerHttp,
-    check: &'static str,
-    (body, planned): (&[u8], &Planned),
-) -> Option<Value> {
+async fn prompt_tokens(c: &mut Checks, http: &WorkerHttp, check: &'static str, (body, planned): (&[u8], &Planned)) {
     let usage = match chat_usage(http, body).await {
         Ok(u) => u,
-        Err(e) => {
-            c.fail(check, e, "the worker refuses a probe chat the router accepts");
-            return None;
-        }
+        Err(e) => return c.fail(check, e.to_string(), "the worker refuses a probe chat the router accepts"),
     };
-    let (theirs, ours) = (usage["prompt_tokens"].as_u64(), u64::from(planned.plan.prompt_tokens));
+    let (theirs, ours) = (usage.prompt_tokens, u64::from(planned.plan.prompt_tokens));
     let detail = format!("worker {}, router {ours}", theirs.map_or("?".to_owned(), |t| t.to_string()));
     c.check(check, theirs == Some(ours), detail, || {
         "the worker counts another prompt: see the render line; for images, processor_kwargs must mirror its --mm-processor-kwargs".to_owned()
     });
-    Some(usage)
 }
 
-async fn chat_usage(http: &WorkerHttp, body: &[u8]) -> Result<Value, String> {
-    let answer = http.post("/v1/chat/completions", body.to_vec()).await?;
+async fn chat_usage(http: &WorkerHttp, body: &[u8]) -> Result<Usage, HttpError> {
+    let answer = http.post("/v1/chat/completions", body.to_vec(), Expect::Json).await?;
     if !answer.is_success() {
-        return Err(answer.excerpt());
+        return Err(HttpError::Status(answer.excerpt()));
     }
-    Ok(answer.json()?["usage"].clone())
+    Ok(answer.parse::<ChatAnswer>()?.usage.unwrap_or_default())
 }
 
 /// After the probes: the publisher announced blocks, of the pool's size, and named the image by the
@@ -427,9 +472,9 @@ async fn cached_tokens(c: &mut Checks, http: &WorkerHttp, image: Option<&Sent>) 
     let plan = &sent.planned.plan;
     let usage = match chat_usage(http, &sent.body).await {
         Ok(u) => u,
-        Err(e) => return c.fail("cached_tokens", e, "the worker refused the repeated probe"),
+        Err(e) => return c.fail("cached_tokens", e.to_string(), "the worker refused the repeated probe"),
     };
-    let Some(cached) = usage["prompt_tokens_details"]["cached_tokens"].as_u64() else {
+    let Some(cached) = usage.prompt_tokens_details.and_then(|d| d.cached_tokens) else {
         return c.fail(
             "cached_tokens",
             "usage has no prompt_tokens_details.cached_tokens",

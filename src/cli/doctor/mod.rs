@@ -4,6 +4,10 @@
 //! worker's own token ids (vLLM's render endpoint), prompt-token counts and cached tokens after a repeat
 //! against what the router computes. Prints a table with a fix hint per failed line (or `--json`) and
 //! exits 1 when a check fails.
+//!
+//! Bounded throughout: every answer is read under a cap (`http.rs`), every request within its timeout,
+//! the workers are checked a few at a time, and the whole run within one deadline: a worker still being
+//! checked then keeps the lines found so far and gets a failed `deadline` line.
 
 mod checks;
 mod events;
@@ -15,13 +19,36 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures_util::StreamExt as _;
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::{Engine, WorkerSpec};
 
-use crate::config::{EventSource, Settings};
+use crate::config::{EventSource, Settings, WorkerSettings};
 
 pub use report::{Line, Status};
+
+/// The whole run's deadline when none is given (`--deadline-secs`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Workers checked at once: a large pool fits its deadline, and no worker sees more than its own probes.
+const CONCURRENT_WORKERS: usize = 8;
+
+/// How long the doctor may take: each request to a worker, and the whole run.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Each request to a worker, whole: connect, headers, and the last byte of its answer.
+    pub timeout: Duration,
+    /// Every check of every worker.
+    pub deadline: Duration,
+}
+
+impl From<Duration> for Limits {
+    /// A per-request timeout under the default deadline.
+    fn from(timeout: Duration) -> Limits {
+        Limits { timeout, deadline: DEFAULT_DEADLINE }
+    }
+}
 
 /// What to check: a config file, or a model and worker URLs given as flags.
 #[derive(Debug, Clone)]
@@ -33,34 +60,56 @@ pub struct DoctorArgs {
     pub engine: Engine,
     /// `discover` or an endpoint (one worker only), for every `--worker`.
     pub kv_events: Option<String>,
-    /// Each request to a worker, whole.
-    pub timeout: Duration,
+    pub limits: Limits,
     pub json: bool,
 }
 
 /// Runs every check, prints the report, and returns the exit code (0: nothing failed).
 pub async fn run(args: &DoctorArgs) -> anyhow::Result<u8> {
     let settings = settings(args)?;
-    let lines = diagnose(&settings, args.timeout).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report::json(&lines))?);
+    let lines = diagnose(&settings, args.limits).await?;
+    let text = if args.json {
+        format!("{}\n", serde_json::to_string_pretty(&report::json(&lines))?)
     } else {
-        print!("{}", report::table(&lines));
-    }
+        report::table(&lines)
+    };
+    super::print_quietly(&text)?;
     Ok(u8::from(report::failed(&lines) > 0))
 }
 
-/// Every check of every worker of every pool, in order.
-pub async fn diagnose(settings: &Settings, timeout: Duration) -> anyhow::Result<Vec<Line>> {
-    let mut lines = Vec::new();
+/// Every check of every worker of every pool, reported in that order, within `limits`.
+pub async fn diagnose(settings: &Settings, limits: impl Into<Limits>) -> anyhow::Result<Vec<Line>> {
+    let limits = limits.into();
+    let deadline = tokio::time::Instant::now() + limits.deadline;
+    let mut pipelines = Vec::new();
     for pool in &settings.pools {
-        let pipeline = Pipeline::new(&pool.pipeline).with_context(|| format!("pool {}", pool.name))?;
-        let scope = checks::Scope { pool, pipeline: &pipeline, limits: &settings.kv_events, timeout };
-        for worker in &pool.workers {
-            lines.extend(checks::worker(&scope, worker).await);
-        }
+        pipelines.push(Pipeline::new(&pool.pipeline).with_context(|| format!("pool {}", pool.name))?);
     }
-    Ok(lines)
+    let jobs = settings.pools.iter().zip(&pipelines).flat_map(|(pool, pipeline)| {
+        let scope = checks::Scope { pool, pipeline, limits: &settings.kv_events, timeout: limits.timeout };
+        pool.workers.iter().map(move |w| within(scope, w, (deadline, limits.deadline)))
+    });
+    let per_worker: Vec<Vec<Line>> = futures_util::stream::iter(jobs).buffered(CONCURRENT_WORKERS).collect().await;
+    Ok(per_worker.into_iter().flatten().collect())
+}
+
+/// One worker's checks, stopped at the run's deadline: the lines found by then, and a failed
+/// `deadline` line for what did not run.
+async fn within(
+    scope: checks::Scope<'_>,
+    w: &WorkerSettings,
+    (deadline, whole): (tokio::time::Instant, Duration),
+) -> Vec<Line> {
+    let mut c = report::Checks::new(&scope.pool.name, &w.spec.name);
+    if tokio::time::timeout_at(deadline, checks::worker(&scope, w, &mut c)).await.is_err() {
+        let detail = if c.lines.is_empty() {
+            format!("not checked: the doctor's deadline ({whole:?}) passed first")
+        } else {
+            format!("the doctor's deadline ({whole:?}) passed during these checks: the rest did not run")
+        };
+        c.fail("deadline", detail, "raise --deadline-secs, or see why this worker answers slowly (its log)");
+    }
+    c.lines
 }
 
 fn settings(args: &DoctorArgs) -> anyhow::Result<Settings> {
