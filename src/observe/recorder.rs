@@ -186,6 +186,11 @@ impl Observer {
             .record(secs);
     }
 
+    /// A reading of `worker`'s engine counters refused as absurd (the health checks count it).
+    pub fn engine_counters_refused(&self, worker: &str, reason: &'static str) {
+        self.series(worker).counter_for(WORKER_ENGINE_COUNTERS_REFUSED, &[("reason", reason)]).increment(1);
+    }
+
     /// A KV-event batch from `worker` arrived `secs` after the engine stamped it (the feeds record it).
     pub fn event_lag(&self, worker: &str, secs: f64) {
         let series = self.series(worker);
