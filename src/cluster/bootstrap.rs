@@ -5,12 +5,18 @@
 //! caught up, and only then lets `/health` report ready. No peer to ask (the first replica, or all
 //! restarted at once): each feed asks its engine's replay ring for everything from seq 0. The whole
 //! wait is bounded by `bootstrap_timeout`; after it the replica serves with what it has, and says so.
+//!
+//! A peer is trusted with as little as the mechanism allows: a snapshot counts only whole (a graft
+//! that fails or runs out of time part-way is undone, and the feeds replay their engines from 0), and
+//! each resume point it names is checked against the worker's engine by the feed itself (a point the
+//! engine refutes drops that worker's grafted state; `cluster_resume_fallbacks_total`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use mmrouter_core::routing::Worker;
 
 use super::snapshot::{Frame, Head, Reader};
 use crate::config::ClusterSettings;
@@ -112,7 +118,6 @@ impl Bootstrapper {
             let mut answered = false;
             for peer in &peers {
                 match self.fetch(&client, peer).await {
-                    Ok(head) if head.replica_id == self.settings.replica_id => {} // ourselves, by DNS
                     Ok(head) => return Some((peer.clone(), head)),
                     Err(PeerFailure::Absent) => {}
                     Err(PeerFailure::Failed(reason)) => {
@@ -160,12 +165,15 @@ impl Bootstrapper {
                 return Err(PeerFailure::Failed("status"));
             }
         }
+        // Undone when dropped uncommitted: a refusal here, or the bootstrap's deadline dropping this
+        // future part-way through the stream.
         let mut graft = Graft::default();
-        let result = self.stream(resp, &mut graft).await;
-        if result.is_err() {
-            graft.undo();
+        let head = self.stream(resp, &mut graft).await?;
+        if head.replica_id == self.settings.replica_id {
+            return Err(PeerFailure::Absent); // ourselves, by DNS
         }
-        result
+        graft.commit();
+        Ok(head)
     }
 
     async fn stream(&self, resp: reqwest::Response, graft: &mut Graft) -> Result<Head, PeerFailure> {
@@ -208,20 +216,28 @@ fn resume_points(pools: &Pools, head: &Head) -> ResumePoints {
 
 /// One snapshot pool matched here: this replica's pool, and snapshot slot → this replica's worker id.
 type Matched = (Arc<Pool>, HashMap<u16, usize>);
+/// A matched worker and the head's word on its cache: blocks held, capacity.
+type CacheFigures = (Arc<Worker>, u64, Option<u64>);
 
-/// A snapshot being grafted: the head's pools and workers matched to this replica's by name.
+/// A snapshot being grafted: the head's pools and workers matched to this replica's by name. Its
+/// entries go into the index and event states as they arrive (bounded there, not here); dropped
+/// before [`Graft::commit`], it takes them out again.
 #[derive(Default)]
 struct Graft {
     head: Option<Head>,
     /// Per snapshot pool: this replica's pool, and snapshot slot → this replica's worker id.
     pools: Vec<Option<Matched>>,
+    /// The head's cache figures per matched worker (held, capacity), set on commit only: a capacity
+    /// only ever grows, so it could not be taken back.
+    caches: Vec<CacheFigures>,
+    committed: bool,
 }
 
 impl Graft {
     fn apply(&mut self, own: &[Arc<Pool>], frame: Frame) {
         match frame {
             Frame::Head(head) => {
-                self.pools = head.pools.iter().map(|p| match_pool(own, p)).collect();
+                self.pools = head.pools.iter().map(|p| match_pool(own, p, &mut self.caches)).collect();
                 self.head = Some(head);
             }
             Frame::Map { pool, slot, rank, entries } => {
@@ -249,6 +265,14 @@ impl Graft {
         self.pools.get(usize::from(i)).and_then(Option::as_ref)
     }
 
+    /// The stream was whole: what it grafted stays.
+    fn commit(&mut self) {
+        for (worker, held, capacity) in self.caches.drain(..) {
+            worker.restore_cache(held, capacity);
+        }
+        self.committed = true;
+    }
+
     /// Forgets a graft that failed part-way: the next peer's, or the engines' replay, starts clean.
     fn undo(&self) {
         for (pool, slots) in self.pools.iter().flatten() {
@@ -262,12 +286,20 @@ impl Graft {
     }
 }
 
-fn match_pool(own: &[Arc<Pool>], p: &super::snapshot::PoolHead) -> Option<Matched> {
+impl Drop for Graft {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.undo();
+        }
+    }
+}
+
+fn match_pool(own: &[Arc<Pool>], p: &super::snapshot::PoolHead, caches: &mut Vec<CacheFigures>) -> Option<Matched> {
     let pool = own.iter().find(|o| o.name == p.name)?.clone();
     let mut slots = HashMap::new();
     for w in &p.workers {
         if let Some((id, worker)) = pool.router.lookup(&w.name) {
-            worker.restore_cache(w.held, w.capacity);
+            caches.push((worker, w.held, w.capacity));
             slots.insert(w.slot, id);
         }
     }

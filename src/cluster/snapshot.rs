@@ -2,13 +2,20 @@
 //! bytes per entry), never the whole state in one message (no frame over [`MAX_FRAME_BYTES`]).
 //!
 //! ```text
-//! frame   = len: u32 LE (kind + payload) · kind: u8 · payload
+//! frame   = len: u32 LE (kind + payload + check) · kind: u8 · payload · check: u64 LE
+//!           (check = xxh3-64 of len · kind · payload)
 //! 1 head  = JSON {format, replica_id, taken_unix_ms, pools: [{name, workers: [{slot, name, held,
 //!           capacity, seqs: [[rank, seq]…]}]}]}                          (first, once)
 //! 2 map   = pool u16 · slot u16 · rank u32 · n u32 · n × (engine hash u64 · has key u8 · key u64)
 //! 3 index = pool u16 · n u32 · n × (key u64 · slot u16 · source u8 · age secs u32)
 //! 4 end   = map entries u64 · index entries u64                           (last: the stream is whole)
 //! ```
+//!
+//! The [`Reader`] refuses a stream it cannot take whole: a frame over the bound before it is buffered,
+//! a check that does not match (a flipped bit yields nothing), counts that do not add up, a stream
+//! without its end frame. The check guards against corruption, not against a hostile peer, who can
+//! compute it: what a peer says is bounded where it is grafted, and its resume points are verified
+//! against the engines (`bootstrap`).
 //!
 //! Pools and workers are named in the head and matched by name on the receiving side (slots differ
 //! between replicas). The event maps and their seqs are copied first, worker by worker under each
@@ -23,6 +30,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use mmrouter_core::routing::index::Entry;
 use mmrouter_core::routing::Source;
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::pools::{EventExport, Pool};
 
@@ -30,14 +38,19 @@ use crate::pools::{EventExport, Pool};
 pub const MAX_FRAME_BYTES: usize = 4 << 20;
 /// Entries per frame: a map entry is 17 bytes, an index entry 15, so a frame stays near 1 MiB.
 const PER_FRAME: usize = 65_536;
-const FORMAT: u32 = 1;
+/// 2: every frame ends with its check (1 had none; a replica reading the other refuses, and replays
+/// its engines instead).
+const FORMAT: u32 = 2;
+/// The kind byte and the check: the shortest frame's `len`.
+const FRAME_OVERHEAD: usize = 1 + CHECK_BYTES;
+const CHECK_BYTES: usize = 8;
 
 const HEAD: u8 = 1;
 const MAP: u8 = 2;
 const INDEX: u8 = 3;
 const END: u8 = 4;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Head {
     pub format: u32,
     pub replica_id: String,
@@ -45,13 +58,13 @@ pub struct Head {
     pub pools: Vec<PoolHead>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolHead {
     pub name: String,
     pub workers: Vec<WorkerHead>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkerHead {
     pub slot: u16,
     pub name: String,
@@ -68,7 +81,7 @@ impl Head {
 }
 
 /// One decoded frame.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Frame {
     Head(Head),
     Map { pool: u16, slot: u16, rank: u32, entries: Vec<(u64, Option<u64>)> },
@@ -91,6 +104,8 @@ pub enum SnapshotError {
     Truncated,
     #[error("the end frame counts {want} entries, the stream carried {got}")]
     Count { want: u64, got: u64 },
+    #[error("a frame's check does not match its bytes")]
+    Checksum,
 }
 
 impl SnapshotError {
@@ -102,15 +117,18 @@ impl SnapshotError {
             SnapshotError::Format(_) => "format",
             SnapshotError::Truncated => "truncated",
             SnapshotError::Count { .. } => "count_mismatch",
+            SnapshotError::Checksum => "checksum",
         }
     }
 }
 
 fn frame(kind: u8, payload: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(5 + payload.len());
-    out.put_u32_le(1 + payload.len() as u32);
+    let mut out = BytesMut::with_capacity(4 + FRAME_OVERHEAD + payload.len());
+    out.put_u32_le((FRAME_OVERHEAD + payload.len()) as u32);
     out.put_u8(kind);
     out.put_slice(payload);
+    let check = xxh3_64(&out);
+    out.put_u64_le(check);
     out.freeze()
 }
 
@@ -236,16 +254,34 @@ impl Reader {
             if len > MAX_FRAME_BYTES {
                 return Err(SnapshotError::FrameTooLarge(len));
             }
-            if len == 0 {
-                return Err(SnapshotError::Malformed("empty frame"));
+            if len < FRAME_OVERHEAD {
+                return Err(SnapshotError::Malformed("frame shorter than its kind and check"));
             }
             if self.buf.len() < 4 + len {
                 break;
             }
-            let body = self.buf.split_to(4 + len).freeze().slice(4..);
-            out.push(self.decode(body)?);
+            let whole = self.buf.split_to(4 + len).freeze();
+            let (checked, check) = whole.split_at(whole.len() - CHECK_BYTES);
+            if xxh3_64(checked) != u64::from_le_bytes(check.try_into().expect("8 bytes")) {
+                return Err(self.unchecked(&whole));
+            }
+            out.push(self.decode(whole.slice(4..whole.len() - CHECK_BYTES))?);
         }
         Ok(out)
+    }
+
+    /// Why a frame's check failed: a format-1 peer's head (no check) says which format it speaks.
+    fn unchecked(&self, whole: &[u8]) -> SnapshotError {
+        #[derive(Deserialize)]
+        struct Format {
+            format: u32,
+        }
+        if !self.headed && whole.get(4) == Some(&HEAD) {
+            if let Ok(old) = serde_json::from_slice::<Format>(&whole[5..]) {
+                return SnapshotError::Format(old.format);
+            }
+        }
+        SnapshotError::Checksum
     }
 
     /// The stream is over: it must have ended with its end frame.
@@ -277,28 +313,34 @@ impl Reader {
             MAP => {
                 let (pool, slot, rank, n) = (get_u16(&mut p)?, get_u16(&mut p)?, get_u32(&mut p)?, get_u32(&mut p)?);
                 expect_len(p, n, 17)?;
-                let entries = (0..n)
-                    .map(|_| {
-                        let hash = get_u64(&mut p)?;
-                        let has = get_u8(&mut p)?;
-                        let key = get_u64(&mut p)?;
-                        Ok((hash, (has != 0).then_some(key)))
-                    })
-                    .collect::<Result<Vec<_>, SnapshotError>>()?;
+                // `n` is bounded by the frame's length now: reserved once, exactly.
+                let mut entries = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let (hash, has, key) = (get_u64(&mut p)?, get_u8(&mut p)?, get_u64(&mut p)?);
+                    entries.push((hash, (has != 0).then_some(key)));
+                }
                 self.maps += u64::from(n);
                 Frame::Map { pool, slot, rank, entries }
             }
             INDEX => {
                 let (pool, n) = (get_u16(&mut p)?, get_u32(&mut p)?);
                 expect_len(p, n, 15)?;
-                let entries = (0..n).map(|_| entry(&mut p)).collect::<Result<Vec<_>, _>>()?;
+                let mut entries = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    entries.push(entry(&mut p)?);
+                }
                 self.index += u64::from(n);
                 Frame::Index { pool, entries }
             }
             END => {
                 let (maps, index) = (get_u64(&mut p)?, get_u64(&mut p)?);
+                if !p.is_empty() {
+                    return Err(SnapshotError::Malformed("end frame longer than its counts"));
+                }
                 if (maps, index) != (self.maps, self.index) {
-                    return Err(SnapshotError::Count { want: maps + index, got: self.maps + self.index });
+                    // Saturating: the counts are the peer's, any u64.
+                    let (want, got) = (maps.saturating_add(index), self.maps.saturating_add(self.index));
+                    return Err(SnapshotError::Count { want, got });
                 }
                 self.ended = true;
                 Frame::End { maps, index }
@@ -322,7 +364,7 @@ fn entry(p: &mut &[u8]) -> Result<Entry, SnapshotError> {
 }
 
 fn expect_len(p: &[u8], n: u32, each: usize) -> Result<(), SnapshotError> {
-    if p.len() == n as usize * each {
+    if (n as usize).checked_mul(each) == Some(p.len()) {
         Ok(())
     } else {
         Err(SnapshotError::Malformed("entry count does not match the frame's length"))
@@ -350,6 +392,10 @@ fn get_u32(p: &mut &[u8]) -> Result<u32, SnapshotError> {
 fn get_u64(p: &mut &[u8]) -> Result<u64, SnapshotError> {
     Ok(u64::from_le_bytes(take(p)?))
 }
+
+#[cfg(test)]
+#[path = "snapshot_props.rs"]
+mod props;
 
 #[cfg(test)]
 mod tests {
@@ -405,8 +451,16 @@ mod tests {
         short.pop();
         assert_eq!(label(&[head_frame(), frame(INDEX, &short)].concat()), "malformed");
         assert_eq!(label(&[head_frame(), end_frame(1, 0)].concat()), "count_mismatch");
-        let bad_head = frame(HEAD, br#"{"format":2,"replica_id":"x","taken_unix_ms":0,"pools":[]}"#);
+        let bad_head = frame(HEAD, br#"{"format":3,"replica_id":"x","taken_unix_ms":0,"pools":[]}"#);
         assert_eq!(label(&bad_head), "format");
+        // A format-1 peer's head has no check: still told apart from a corrupt one.
+        let old = br#"{"format":1,"replica_id":"x","taken_unix_ms":0,"pools":[]}"#;
+        let old_head = [&(1 + old.len() as u32).to_le_bytes()[..], &[HEAD], old].concat();
+        assert_eq!(label(&old_head), "format");
+        let mut flipped = head_frame().to_vec();
+        flipped[9] ^= 4;
+        assert_eq!(label(&flipped), "checksum");
+        assert_eq!(label(&[3, 0, 0, 0, HEAD, 0, 0]), "malformed", "shorter than its check");
         let mut r = Reader::default();
         r.push(&head_frame()).unwrap();
         assert_eq!(r.finish().unwrap_err().label(), "truncated");
