@@ -28,16 +28,17 @@ pub enum MediaError {
     /// Network or HTTP failure.
     #[error("fetch failed: {0}")]
     FetchFailed(String),
-    /// The fallback decoder hit its `Limits` (size or memory): treated like an oversized image.
+    /// A decoder reading the headers hit its `Limits` (size or metadata memory): treated like an
+    /// oversized image.
     #[error("image decode limit exceeded: {0}")]
     DecodeLimit(String),
     /// `media.fetch_timeout_ms`, `media.connect_timeout_ms` or `media.deadline_ms` ran out.
     #[error("fetch timed out after {after_ms} ms ({limit})")]
     FetchTimeout { after_ms: u64, limit: &'static str },
-    /// Neither the header nor a full decode gave usable dimensions.
+    /// The headers gave no usable dimensions (too short, zero sizes).
     #[error("could not probe image size: {0}")]
     ProbeFailed(String),
-    /// The header-less fallback decode failed.
+    /// A decoder could not read the headers `imagesize` did not follow.
     #[error("could not decode image: {0}")]
     DecodeFailed(String),
     /// Not one of JPEG, PNG, GIF, WebP, BMP.
