@@ -1,9 +1,10 @@
 //! What a starting replica takes from a peer's snapshot, against a hostile peer: a tiny HTTP server on
 //! 127.0.0.1 serving crafted frames at `GET /admin/cluster/snapshot` (no NATS needed).
 //!
-//! * A resume point the engine never reached (rank 0 at seq 2^64−1) is refuted by the engine's ring:
-//!   the worker's grafted state is dropped, its ring replayed, the fallback counted, and the worker's
-//!   KV events are followed afterwards (they were ignored for good before).
+//! * A resume point the engine never reached (rank 0 at seq 2^64−1) is refuted by the engine's ring
+//!   (or, without one, its live stream): the worker's grafted state is dropped, its ring replayed, the
+//!   fallback counted, and the worker's KV events are followed afterwards (they were ignored for good
+//!   before).
 //! * A snapshot still streaming when `bootstrap_timeout_ms` runs out leaves nothing behind: the
 //!   replica says `incomplete`, holds none of the peer's entries, and follows its engines from seq 0.
 
@@ -22,10 +23,15 @@ const END: u8 = 4;
 
 /// A sim that publishes KV events with a replay ring (vLLM with `replay_endpoint`).
 async fn event_sim() -> mmrouter_sim::SimHandle {
+    sim_with(true).await
+}
+
+/// A sim that publishes KV events, with a replay ring or without one (vLLM's default).
+async fn sim_with(replay: bool) -> mmrouter_sim::SimHandle {
     let mut sims = sims(1, |o| {
         fast(o);
         o.kv_events = Some("tcp://127.0.0.1:0".into());
-        o.kv_events_replay = Some("tcp://127.0.0.1:0".into());
+        o.kv_events_replay = replay.then(|| "tcp://127.0.0.1:0".into());
     })
     .await;
     sims.remove(0)
@@ -33,10 +39,11 @@ async fn event_sim() -> mmrouter_sim::SimHandle {
 
 /// A router's config over `sim`, with `cluster` (a `[cluster]` section, or nothing).
 fn config(sim: &mmrouter_sim::SimHandle, cluster: &str) -> String {
-    let (ep, replay) = (sim.kv_events_endpoint().unwrap(), sim.kv_events_replay_endpoint().unwrap());
+    let ep = sim.kv_events_endpoint().unwrap();
+    let replay = sim.kv_events_replay_endpoint().map(|r| format!("kv_events_replay = {r:?}\n")).unwrap_or_default();
     format!(
         "[server]\nhealth_interval_ms = 0\n[auth]\nadmin_keys = [{ADMIN:?}]\n{cluster}\n[[workers]]\nname = {:?}\n\
-         url = {:?}\nkv_events = {ep:?}\nkv_events_replay = {replay:?}\n",
+         url = {:?}\nkv_events = {ep:?}\n{replay}",
         sim.name(),
         sim.url()
     )
@@ -287,4 +294,32 @@ async fn a_bootstrap_that_runs_out_of_time_keeps_nothing_of_a_partial_graft() {
         chat_ok(&t.url, chat).await;
     }
     until_learnt(&t.url, &chats).await;
+}
+
+/// The same attack on an engine without a replay ring: nothing to replay, so the live stream is the
+/// engine's word. The first batch after the resume is short of 2^64−1: the point is refuted (counted)
+/// and the worker's events are followed from there, as a lone router follows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_replay_ring_the_live_stream_refutes_the_resume_point() {
+    let sim = sim_with(false).await;
+    let (worker, lone_cfg) = (sim.name().to_owned(), config(&sim, ""));
+    let pool = Settings::parse(&lone_cfg).unwrap().pools[0].name.clone();
+    let lone = proxy(vec![], &lone_cfg).await;
+    let body = [head(&pool, &worker, u64::MAX), end(0, 0)].concat();
+    let peer = hostile_peer(body, Then::Close).await;
+    let cluster = format!("[cluster]\nreplica_id = \"n\"\npeers = [{:?}]\n", peer.url);
+    let b = proxy(vec![], &config(&sim, &cluster)).await;
+    let health = until_ready(&b.url).await;
+    assert_eq!(health["bootstrap"]["source"], peer.url.as_str(), "the snapshot was grafted: {health}");
+    let chats = chats(4);
+    for chat in &chats {
+        chat_ok(&b.url, chat).await;
+    }
+    until_learnt(&b.url, &chats).await;
+    until_learnt(&lone.url, &chats).await;
+    let fallbacks =
+        metric(&metrics(&b.url).await, "mmrouter_cluster_resume_fallbacks_total", "reason=\"resume_ahead\"");
+    assert_eq!(fallbacks, 1.0);
+    let (attacked, control) = (stored(&b.url, &worker).await, stored(&lone.url, &worker).await);
+    assert!(attacked > 0.0 && attacked == control, "attacked {attacked}, control {control}");
 }
