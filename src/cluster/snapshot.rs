@@ -302,6 +302,8 @@ impl Reader {
             return Err(SnapshotError::Malformed("the head frame must come first"));
         }
         let frame = match kind {
+            // Once only: what a graft takes is matched by the head it had first (and undone by it).
+            HEAD if self.headed => return Err(SnapshotError::Malformed("a second head frame")),
             HEAD => {
                 let head: Head = serde_json::from_slice(p).map_err(|_| SnapshotError::Malformed("head is not JSON"))?;
                 if head.format != FORMAT {
@@ -464,5 +466,6 @@ mod tests {
         let mut r = Reader::default();
         r.push(&head_frame()).unwrap();
         assert_eq!(r.finish().unwrap_err().label(), "truncated");
+        assert_eq!(label(&[head_frame(), head_frame()].concat()), "malformed", "one head only");
     }
 }
