@@ -8,6 +8,9 @@ pub enum SimError {
     InvalidJson(String),
     #[error("invalid request field `{field}`: {reason}")]
     InvalidField { field: &'static str, reason: String },
+    /// A request vLLM's OpenAI server refuses (its validators' message and `param`).
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<&'static str> },
     #[error("could not build the prompt: {0}")]
     Prompt(String),
     #[error("request body exceeds the limit of {limit} bytes (--max-body-bytes)")]
@@ -34,6 +37,7 @@ impl SimError {
         match self {
             Self::InvalidJson(_) => "invalid_json",
             Self::InvalidField { .. } => "invalid_field",
+            Self::BadRequest { .. } => "bad_request",
             Self::Prompt(_) => "prompt_failed",
             Self::BodyTooLarge { .. } => "too_large",
             Self::BodyRead(_) => "body_read_failed",

@@ -1,8 +1,10 @@
 //! `mmrouter sim`: a stand-in vLLM worker, good enough to measure routing without a GPU.
 //!
 //! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
-//! deterministic text, keeps a paged prefix KV cache shaped like vLLM's (`cache`) and its image
-//! processor and encoder caches (`mm_cache`), reports `usage.prompt_tokens_details.cached_tokens`,
+//! deterministic text — `n` choices, `logprobs`, tool calls and JSON output (`response_format`) in
+//! vLLM's shapes, and vLLM's 400 `BadRequestError` for what vLLM's validators refuse — keeps a paged
+//! prefix KV cache shaped like vLLM's (`cache`) and its image processor and encoder caches
+//! (`mm_cache`), reports `usage.prompt_tokens_details.cached_tokens`,
 //! delays answers by a timing model ([`timing`]: prefill, image preprocessing and encoding), exposes
 //! vLLM-named `/metrics` (`exposition`) and injects faults on request (error rate, added delay,
 //! streams cut mid-way, drifted usage). Every response carries `x-sim-body-sha256` (the SHA-256 of the
@@ -24,10 +26,13 @@
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 //!
 //! Layout: `options` and `error` (what a sim is told and how it refuses), `prompt` (the [`Prompter`]
-//! seam), `handle` (start and stop), `server` (the HTTP answers), `cache`, `mm_cache`, [`timing`],
+//! seam), `handle` (start and stop), `server` (the HTTP answers), `params` (a request's answer fields,
+//! checked as vLLM checks them), `answer` (each choice's tokens and JSON), `schema` (an instance of a
+//! JSON schema), `cache`, `mm_cache`, [`timing`],
 //! `events`, `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`.
 //! This file only re-exports: the modules import each other by the defining file, never through here.
 
+mod answer;
 mod cache;
 mod error;
 mod events;
@@ -36,8 +41,10 @@ mod exposition;
 mod handle;
 mod mm_cache;
 mod options;
+mod params;
 mod prompt;
 mod prompter;
+mod schema;
 mod server;
 mod stats;
 pub mod timing;

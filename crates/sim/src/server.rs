@@ -28,12 +28,14 @@ use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use crate::answer::{Answer, Budget, Shape};
 use crate::cache::PrefixCache;
 use crate::error::SimError;
 use crate::events::Publisher;
 use crate::exposition::{self, Snapshot};
 use crate::mm_cache::ImageCaches;
 use crate::options::SimOptions;
+use crate::params::{Flavour, Params};
 use crate::prompt::{Prompter, SimPrompt};
 use crate::stats::SimStats;
 use crate::timing::{decode_delay, ttft_alone, ttft_queued, Dice, ImageWork};
@@ -41,10 +43,6 @@ use crate::timing::{decode_delay, ttft_alone, ttft_queued, Dice, ImageWork};
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
 const BODY_FRAMING: HeaderName = HeaderName::from_static("x-sim-body-framing");
-
-/// The deterministic "model output": token `i` is `WORDS[i % len]`.
-const WORDS: [&str; 12] =
-    ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "keeps", "running"];
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -356,6 +354,20 @@ impl Endpoint {
             Self::Completion => "/v1/completions",
         }
     }
+
+    fn flavour(self) -> Flavour {
+        match self {
+            Self::Chat => Flavour::Chat,
+            Self::Completion => Flavour::Completion,
+        }
+    }
+
+    fn shape(self) -> Shape {
+        match self {
+            Self::Chat => Shape::Chat,
+            Self::Completion => Shape::Completion,
+        }
+    }
 }
 
 /// A parsed completion request.
@@ -366,8 +378,8 @@ struct Job {
     model: String,
     /// Shared with the event publisher task, which hashes and encodes it after the admission.
     prompt: Arc<SimPrompt>,
-    output_tokens: u32,
-    finish_reason: &'static str,
+    /// What every choice says, token by token.
+    answer: Answer,
     stream: bool,
     include_usage: bool,
     /// Stream only: cut the connection before this token (`--drop-mid-stream-rate`).
@@ -454,10 +466,15 @@ fn hex(bytes: &[u8]) -> String {
 
 impl IntoResponse for SimError {
     fn into_response(self) -> Response {
+        if let Some(param) = self.vllm_param() {
+            return vllm_bad_request(&self.to_string(), param);
+        }
         let (status, kind) = match &self {
-            Self::InvalidJson(_) | Self::InvalidField { .. } | Self::Prompt(_) | Self::BodyRead(_) => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error")
-            }
+            Self::InvalidJson(_)
+            | Self::InvalidField { .. }
+            | Self::BadRequest { .. }
+            | Self::Prompt(_)
+            | Self::BodyRead(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
             Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
@@ -469,6 +486,24 @@ impl IntoResponse for SimError {
         let body = json!({"error": {"message": self.to_string(), "type": kind, "code": self.label()}});
         (status, Json(body)).into_response()
     }
+}
+
+impl SimError {
+    /// `Some(param)` for the refusals vLLM's validators make, answered in vLLM's shape.
+    fn vllm_param(&self) -> Option<Option<&'static str>> {
+        match self {
+            Self::BadRequest { param, .. } => Some(*param),
+            Self::InvalidField { field, .. } => Some(Some(*field)),
+            Self::InvalidJson(_) => Some(None),
+            _ => None,
+        }
+    }
+}
+
+/// vLLM's `ErrorResponse` for a request it refuses: 400, type `BadRequestError`, `code` the status.
+fn vllm_bad_request(message: &str, param: Option<&str>) -> Response {
+    let body = json!({"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}});
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -577,7 +612,12 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
         return Err(SimError::InvalidJson("the body must be a JSON object".to_owned()));
     }
     let opts = &state.opts;
+    // vLLM validates the request before it renders the prompt.
+    let params = Params::read(endpoint.flavour(), &body)?;
     let (output_tokens, finish_reason) = output_tokens(endpoint, &body, opts)?;
+    let cap = if finish_reason == "length" { output_tokens } else { opts.max_output_tokens };
+    let budget = Budget { text: output_tokens, text_finish: finish_reason, cap };
+    let answer = Answer::new(&params, budget, endpoint.shape());
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -586,7 +626,7 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     let model = body.get("model").and_then(Value::as_str).unwrap_or(&opts.model).to_owned();
     let prompt = state.prompter.prompt(endpoint.path(), &body, raw, opts.block_size).map_err(SimError::Prompt)?;
-    let drop_at = (stream && state.dice.roll(opts.drop_mid_stream_rate)).then_some(output_tokens / 2);
+    let drop_at = (stream && state.dice.roll(opts.drop_mid_stream_rate)).then_some(answer.longest() / 2);
     let seq = state.next_id.fetch_add(1, Relaxed);
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -598,8 +638,7 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
         created: unix_now(),
         model,
         prompt: Arc::new(prompt),
-        output_tokens,
-        finish_reason,
+        answer,
         stream,
         include_usage,
         drop_at,
@@ -632,43 +671,23 @@ fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<
 
 async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
     let admitted = state.admit(&job.prompt).await?;
-    let decodes = job.output_tokens.saturating_sub(1);
+    // The choices decode side by side: the longest sets the time.
+    let decodes = job.answer.longest().saturating_sub(1);
     let total = state
         .ttft_now(admitted.uncached_tokens, admitted.image_work)
         .saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
     state.pause(total).await?;
-    state.counters.generation_tokens.fetch_add(u64::from(job.output_tokens), Relaxed);
+    state.counters.generation_tokens.fetch_add(u64::from(job.answer.tokens()), Relaxed);
     tracker.finish();
-    let text: String = (0..job.output_tokens).map(token_text).collect();
-    let usage = usage(job, admitted.cached_tokens, job.output_tokens, state.opts.usage_drift);
-    let choice = match job.endpoint {
-        Endpoint::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": job.finish_reason,
-        }),
-        Endpoint::Completion => {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": job.finish_reason})
-        }
-    };
+    let usage = usage(job, admitted.cached_tokens, job.answer.tokens(), state.opts.usage_drift);
     Ok(json!({
         "id": job.id,
         "object": match job.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
         "created": job.created,
         "model": job.model,
-        "choices": [choice],
+        "choices": job.answer.whole(),
         "usage": usage,
     }))
-}
-
-fn token_text(i: u32) -> String {
-    let word = WORDS[usize::try_from(i).unwrap_or(0) % WORDS.len()];
-    if i == 0 {
-        word.to_owned()
-    } else {
-        format!(" {word}")
-    }
 }
 
 /// OpenAI usage; `usage_drift` skews the reported prompt tokens (never below zero).
@@ -734,9 +753,10 @@ impl Generation {
                     }
                     self.admitted = Some(admitted);
                     self.step = Step::Token(0);
-                    // vLLM opens a chat stream with the assistant role; completions go on to the first token.
+                    // vLLM opens a chat stream with the assistant role, one chunk per choice; completions
+                    // go on to the first token.
                     if self.job.endpoint == Endpoint::Chat {
-                        return Some(Ok(self.chunk(json!({"role": "assistant", "content": ""}), None)));
+                        return Some(Ok(self.chunks(self.job.answer.openings())));
                     }
                 }
                 Step::Token(i) => {
@@ -757,25 +777,20 @@ impl Generation {
                             return Some(Err(e));
                         }
                     }
-                    self.state.counters.generation_tokens.fetch_add(1, Relaxed);
-                    let last = i.saturating_add(1) >= self.job.output_tokens;
+                    let choices = self.job.answer.step(i);
+                    self.state.counters.generation_tokens.fetch_add(choices.len() as u64, Relaxed);
+                    let last = i.saturating_add(1) >= self.job.answer.longest();
                     self.step = match (last, self.job.include_usage) {
                         (false, _) => Step::Token(i.saturating_add(1)),
                         (true, true) => Step::Usage,
                         (true, false) => Step::Done,
                     };
-                    let finish = last.then_some(self.job.finish_reason);
-                    let text = token_text(i);
-                    let delta = match self.job.endpoint {
-                        Endpoint::Chat => json!({"content": text}),
-                        Endpoint::Completion => json!(text),
-                    };
-                    return Some(Ok(self.chunk(delta, finish)));
+                    return Some(Ok(self.chunks(choices)));
                 }
                 Step::Usage => {
                     self.step = Step::Done;
                     let cached = self.admitted.as_ref().map_or(0, |a| a.cached_tokens);
-                    let usage = usage(&self.job, cached, self.job.output_tokens, opts.usage_drift);
+                    let usage = usage(&self.job, cached, self.job.answer.tokens(), opts.usage_drift);
                     let object = self.object();
                     let chunk = json!({
                         "id": self.job.id, "object": object, "created": self.job.created, "model": self.job.model,
@@ -801,21 +816,17 @@ impl Generation {
         }
     }
 
-    /// One chunk; for completions `delta` is the text itself.
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
-        let choice = match self.job.endpoint {
-            Endpoint::Chat => {
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
-            }
-            Endpoint::Completion => {
-                json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish_reason})
-            }
-        };
-        let chunk = json!({
-            "id": self.job.id, "object": self.object(), "created": self.job.created, "model": self.job.model,
-            "choices": [choice],
-        });
-        sse(&chunk)
+    /// One SSE event per choice entry, each chunk holding one choice as vLLM sends them.
+    fn chunks(&self, choices: Vec<Value>) -> Bytes {
+        let mut out = BytesMut::new();
+        for choice in choices {
+            let chunk = json!({
+                "id": self.job.id, "object": self.object(), "created": self.job.created, "model": self.job.model,
+                "choices": [choice],
+            });
+            out.extend_from_slice(&sse(&chunk));
+        }
+        out.freeze()
     }
 }
 
@@ -854,7 +865,7 @@ mod tests {
 
     #[test]
     fn token_text_is_deterministic() {
-        let text: String = (0..3).map(token_text).collect();
+        let text: String = (0..3).map(|i| crate::answer::word(0, i)).collect();
         assert_eq!(text, "The quick brown");
     }
 }

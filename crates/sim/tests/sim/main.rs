@@ -2,6 +2,7 @@
 
 mod kv_events;
 mod mm_cache;
+mod openai_fields;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,15 +220,22 @@ async fn errors_are_openai_shaped_and_hashed() {
     let resp = post(&sim, CHAT, &bad).await;
     assert_eq!(resp.status(), 400);
     assert_eq!(header(&resp, "x-sim-body-sha256"), sha_hex(&bad));
+    // What vLLM refuses, the sim refuses in vLLM's `ErrorResponse` shape.
     let v: Value = resp.json().await.expect("json");
-    assert_eq!(v["error"]["code"], "invalid_json");
-    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["code"], 400);
+    assert_eq!(v["error"]["type"], "BadRequestError");
+    assert_eq!(v["error"]["param"], Value::Null);
     assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
 
     let no_messages = br#"{"model":"m"}"#.to_vec();
     let resp = post(&sim, CHAT, &no_messages).await;
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.expect("json");
+    assert_eq!((&v["error"]["type"], &v["error"]["param"]), (&json!("BadRequestError"), &json!("messages")));
+
+    // A prompt the simulated engine cannot build keeps the sim's own label (tests read it).
+    let no_prompt = br#"{"model":"m"}"#.to_vec();
+    let v: Value = post(&sim, "/v1/completions", &no_prompt).await.json().await.expect("json");
     assert_eq!(v["error"]["code"], "prompt_failed");
 
     let body = b"anything at all".to_vec();
