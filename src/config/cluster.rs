@@ -1,4 +1,4 @@
-//! `[cluster]`: several router replicas that route as one (see README "Running several replicas").
+//! `[cluster]`: several router replicas that route as one (see docs/operations.md, "Running several replicas").
 //! Without the section a router is alone and nothing of this applies. The key names are a contract.
 
 use std::time::Duration;

@@ -16,8 +16,9 @@ use zeromq::{Socket, SocketSend};
 use crate::harness::*;
 use crate::kv_events::{batch, batch_at, debug, stored};
 
-/// What an attack may add to the router's resident memory over idle (README "Precise routing": one
-/// message is bounded by `kv_events.max_message_bytes`, held replay batches by `max_replay_buffer_bytes`).
+/// What an attack may add to the router's resident memory over idle (docs/routing.md, "What a publisher
+/// may send": one message is bounded by `kv_events.max_message_bytes`, held replay batches by
+/// `max_replay_buffer_bytes`).
 const RSS_BOUND_BYTES: u64 = 64 * 1024 * 1024;
 /// `/health` must stay this fast while the feeds are under attack (feeds run on their own runtime).
 /// A feed that blocked the serving runtime would stall it for the attack's seconds; the margin over a

@@ -315,7 +315,7 @@ async fn probe_once(
         c.fail(
             tokens_check,
             format!("the router falls back ({reason}) on the probe"),
-            "the pool cannot account this model's images: see the README's families table",
+            "the pool cannot account this model's images: see docs/accounting.md, \"Token parity with vLLM\"",
         );
         return None;
     }
@@ -397,7 +397,7 @@ async fn render(c: &mut Checks, http: &WorkerHttp, check: &'static str, (body, p
         .unwrap_or_default();
     let detail = format!("{} ids equal, image spans router {spans:?} worker {placeholders:?}", theirs.len());
     c.check(check, spans == placeholders, detail, || {
-        "same ids, different image ranges: the engine keys image blocks by its own ranges (see the README's families table)".to_owned()
+        "same ids, different image ranges: the engine keys image blocks by its own ranges (see docs/accounting.md, \"Token parity with vLLM\")".to_owned()
     });
 }
 
