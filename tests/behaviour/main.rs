@@ -26,5 +26,6 @@ mod openai_sdk;
 mod packaging;
 mod pools;
 mod proxy;
+mod readme;
 mod reload;
 mod serve_flags;
