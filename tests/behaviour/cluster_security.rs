@@ -250,7 +250,8 @@ async fn an_authenticated_rogue_moves_no_cached_prompt_and_a_flood_stays_bounded
     let peak = status_kb(pid, "VmHWM:");
     let grown_mb = peak.saturating_sub(rss_before) / 1024;
     eprintln!("flood: RSS {} MB before, peak {} MB after", rss_before / 1024, peak / 1024);
-    // The bound the README documents: the client's 128-message buffer and the 64 MiB records queue.
+    // The bound docs/operations.md documents ("Securing the replicas' channel"): the client's 128-message
+    // buffer and the 64 MiB records queue.
     assert!(grown_mb < 256, "a flood of 1 500 x 1 MB grew the replica by {grown_mb} MB");
     let (status, _) = until_ready(&r.url).await;
     assert!(status["status"].is_string());
