@@ -17,7 +17,7 @@ use mmrouter_core::routing::{ImageUse, Link, Load, Router, Source, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::checks::{OwnTraffic, Refusal, Share};
+use super::checks::{self, OwnTraffic, Refusal, Share, MAX_BEAT_LIVE, MAX_DISPATCH_BLOCKS, MAX_IMAGES};
 use crate::config::PeerQuotas;
 use crate::observe::Observer;
 use crate::observe::*;
@@ -25,13 +25,6 @@ use crate::observe::*;
 /// Messages queued for NATS, beyond which new ones are dropped (counted): a NATS outage must never
 /// hold up a request.
 pub const OUTBOX_CAPACITY: usize = 16_384;
-/// Blocks one dispatch record carries at most (a prompt's head matters most; the message stays small).
-pub const MAX_DISPATCH_BLOCKS: usize = 8_192;
-/// Images one record carries at most (a request's images; more are not shared).
-pub const MAX_IMAGES: usize = 64;
-/// Live bookings one heartbeat lists at most (beyond it, the others reconcile the rest away: a
-/// replica with more in flight is under-counted, never over-counted).
-pub const MAX_BEAT_LIVE: usize = 32_768;
 
 /// One replica's message (JSON on `<prefix>.replicas`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,6 +89,35 @@ impl Msg {
             let tag = payload.strip_prefix(b"{\"k\":\"").and_then(|rest| rest.strip_prefix(k.as_bytes()));
             tag.is_some_and(|rest| rest.first() == Some(&b'"'))
         })
+    }
+
+    /// The message's values against what an honest sender sends (its sender's state is checked later).
+    pub fn check(&self) -> Result<(), Refusal> {
+        use checks::{count, names, tokens, MAX_IMAGE_TOKENS, MAX_TOKENS};
+        if !checks::replica_ok(self.replica()) {
+            return Err(Refusal::BadName);
+        }
+        match self {
+            Msg::Book { pool, w, p, d, i, .. } => names(pool, w).and(tokens(&[*p, *d, *i], MAX_TOKENS)),
+            Msg::First { .. } | Msg::End { .. } => Ok(()),
+            Msg::Beat { live, .. } => count(live.len(), MAX_BEAT_LIVE),
+            Msg::Dispatch { pool, w, b, .. } => names(pool, w).and(count(b.len(), MAX_DISPATCH_BLOCKS)),
+            Msg::Images { pool, w, img, .. } => {
+                let t: Vec<u32> = img.iter().map(|(_, t)| *t).collect();
+                names(pool, w).and(count(img.len(), MAX_IMAGES)).and(tokens(&t, MAX_IMAGE_TOKENS))
+            }
+            Msg::Unseen { pool, t, .. } => names(pool, "-").and(tokens(&[*t], MAX_TOKENS)),
+        }
+    }
+
+    /// Index keys the record writes (0 for bookings).
+    pub fn keys(&self) -> u64 {
+        match self {
+            Msg::Dispatch { b, .. } => b.len() as u64,
+            Msg::Images { img, .. } => img.len() as u64,
+            Msg::Unseen { .. } => 1,
+            _ => 0,
+        }
     }
 
     pub fn replica(&self) -> &str {
@@ -560,6 +582,30 @@ mod tests {
         router.learn_unseen(9, 1200);
         let sent = rx.try_recv().expect("shared");
         assert_eq!(sent, Msg::Unseen { r: "me".into(), pool: "p".into(), key: 9, t: 1200 });
+    }
+
+    #[test]
+    fn values_beyond_an_honest_senders_are_refused() {
+        let r = || "r1".to_owned();
+        let ok = Msg::Book { r: r(), id: 1, pool: r(), w: r(), p: 6_400, d: 256, i: 0, t: 0 };
+        assert_eq!(ok.check(), Ok(()));
+        let cases = [
+            (
+                Msg::Book { r: r(), id: 1, pool: r(), w: r(), p: 4_000_000_000, d: 1, i: 0, t: 0 },
+                Refusal::ImplausibleLoad,
+            ),
+            (Msg::Book { r: "x".repeat(129), id: 1, pool: r(), w: r(), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
+            (Msg::Book { r: "a b".into(), id: 1, pool: r(), w: r(), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
+            (Msg::Book { r: r(), id: 1, pool: r(), w: "w".repeat(300), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
+            (Msg::Dispatch { r: r(), pool: r(), w: r(), src: 1, b: vec![7; 51_412] }, Refusal::TooMany),
+            (Msg::Beat { r: r(), live: vec![1; MAX_BEAT_LIVE + 1] }, Refusal::TooMany),
+            (Msg::Images { r: r(), pool: r(), w: r(), img: vec![("00".into(), 1); 65] }, Refusal::TooMany),
+            (Msg::Images { r: r(), pool: r(), w: r(), img: vec![("00".into(), u32::MAX)] }, Refusal::ImplausibleLoad),
+            (Msg::Unseen { r: r(), pool: r(), key: 1, t: u32::MAX }, Refusal::ImplausibleLoad),
+        ];
+        for (msg, want) in cases {
+            assert_eq!(msg.check(), Err(want), "{msg:?}");
+        }
     }
 
     fn three_workers() -> Arc<Router> {

@@ -15,16 +15,22 @@ use std::time::{Duration, Instant};
 
 use mmrouter_core::routing::Load;
 
-use super::bookings::{Msg, MAX_BEAT_LIVE, MAX_DISPATCH_BLOCKS, MAX_IMAGES};
 use crate::config::PeerQuotas;
 
+/// Blocks one dispatch record carries at most (a prompt's head matters most; the message stays small).
+pub const MAX_DISPATCH_BLOCKS: usize = 8_192;
+/// Images one record carries at most (a request's images; more are not shared).
+pub const MAX_IMAGES: usize = 64;
+/// Live bookings one heartbeat lists at most (beyond it, the others reconcile the rest away: a
+/// replica with more in flight is under-counted, never over-counted).
+pub const MAX_BEAT_LIVE: usize = 32_768;
 /// The largest message an honest replica sends: a full dispatch record is ~180 KB of JSON, a
 /// heartbeat of `MAX_BEAT_LIVE` ids ~700 KB; NATS's own default `max_payload` is 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Tokens one booking or unseen record may claim: beyond any served context (16 M).
-const MAX_TOKENS: u32 = 1 << 24;
+pub const MAX_TOKENS: u32 = 1 << 24;
 /// Encoder tokens one image may claim.
-const MAX_IMAGE_TOKENS: u32 = 1 << 20;
+pub const MAX_IMAGE_TOKENS: u32 = 1 << 20;
 /// Pool and worker names (config caps worker names at 128 bytes; pools are named alike).
 const MAX_NAME_BYTES: usize = 256;
 /// Index keys (blocks, images, unseen records) any replica may write per window, whatever this
@@ -87,37 +93,30 @@ fn name_ok(n: &str) -> bool {
     !n.is_empty() && n.len() <= MAX_NAME_BYTES
 }
 
-impl Msg {
-    /// The message's values against what an honest sender sends (its state is checked later).
-    pub fn check(&self) -> Result<(), Refusal> {
-        let names = |pool: &str, w: &str| if name_ok(pool) && name_ok(w) { Ok(()) } else { Err(Refusal::BadName) };
-        let tokens =
-            |t: &[u32], max: u32| if t.iter().all(|&t| t <= max) { Ok(()) } else { Err(Refusal::ImplausibleLoad) };
-        let count = |n: usize, max: usize| if n <= max { Ok(()) } else { Err(Refusal::TooMany) };
-        if !replica_ok(self.replica()) {
-            return Err(Refusal::BadName);
-        }
-        match self {
-            Msg::Book { pool, w, p, d, i, .. } => names(pool, w).and(tokens(&[*p, *d, *i], MAX_TOKENS)),
-            Msg::First { .. } | Msg::End { .. } => Ok(()),
-            Msg::Beat { live, .. } => count(live.len(), MAX_BEAT_LIVE),
-            Msg::Dispatch { pool, w, b, .. } => names(pool, w).and(count(b.len(), MAX_DISPATCH_BLOCKS)),
-            Msg::Images { pool, w, img, .. } => {
-                let t: Vec<u32> = img.iter().map(|(_, t)| *t).collect();
-                names(pool, w).and(count(img.len(), MAX_IMAGES)).and(tokens(&t, MAX_IMAGE_TOKENS))
-            }
-            Msg::Unseen { pool, t, .. } => names(pool, "-").and(tokens(&[*t], MAX_TOKENS)),
-        }
+/// Pool and worker names within bounds.
+pub fn names(pool: &str, w: &str) -> Result<(), Refusal> {
+    if name_ok(pool) && name_ok(w) {
+        Ok(())
+    } else {
+        Err(Refusal::BadName)
     }
+}
 
-    /// Index keys the record writes (0 for bookings).
-    pub fn keys(&self) -> u64 {
-        match self {
-            Msg::Dispatch { b, .. } => b.len() as u64,
-            Msg::Images { img, .. } => img.len() as u64,
-            Msg::Unseen { .. } => 1,
-            _ => 0,
-        }
+/// Token counts within `max`.
+pub fn tokens(t: &[u32], max: u32) -> Result<(), Refusal> {
+    if t.iter().all(|&t| t <= max) {
+        Ok(())
+    } else {
+        Err(Refusal::ImplausibleLoad)
+    }
+}
+
+/// A list's length within `max`.
+pub fn count(n: usize, max: usize) -> Result<(), Refusal> {
+    if n <= max {
+        Ok(())
+    } else {
+        Err(Refusal::TooMany)
     }
 }
 
@@ -293,34 +292,9 @@ mod tests {
     }
 
     #[test]
-    fn values_beyond_an_honest_senders_are_refused() {
-        let r = || "r1".to_owned();
-        let ok = Msg::Book { r: r(), id: 1, pool: r(), w: r(), p: 6_400, d: 256, i: 0, t: 0 };
-        assert_eq!(ok.check(), Ok(()));
-        let cases = [
-            (
-                Msg::Book { r: r(), id: 1, pool: r(), w: r(), p: 4_000_000_000, d: 1, i: 0, t: 0 },
-                Refusal::ImplausibleLoad,
-            ),
-            (Msg::Book { r: "x".repeat(129), id: 1, pool: r(), w: r(), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
-            (Msg::Book { r: "a b".into(), id: 1, pool: r(), w: r(), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
-            (Msg::Book { r: r(), id: 1, pool: r(), w: "w".repeat(300), p: 1, d: 1, i: 0, t: 0 }, Refusal::BadName),
-            (Msg::Dispatch { r: r(), pool: r(), w: r(), src: 1, b: vec![7; 51_412] }, Refusal::TooMany),
-            (Msg::Beat { r: r(), live: vec![1; MAX_BEAT_LIVE + 1] }, Refusal::TooMany),
-            (Msg::Images { r: r(), pool: r(), w: r(), img: vec![("00".into(), 1); 65] }, Refusal::TooMany),
-            (Msg::Images { r: r(), pool: r(), w: r(), img: vec![("00".into(), u32::MAX)] }, Refusal::ImplausibleLoad),
-            (Msg::Unseen { r: r(), pool: r(), key: 1, t: u32::MAX }, Refusal::ImplausibleLoad),
-        ];
-        for (msg, want) in cases {
-            assert_eq!(msg.check(), Err(want), "{msg:?}");
-        }
-    }
-
-    #[test]
     fn peek_reads_tag_and_replica_without_parsing() {
-        let m = Msg::Dispatch { r: "r-1.a".into(), pool: "p".into(), w: "w".into(), src: 1, b: vec![1, 2] };
-        let bytes = serde_json::to_vec(&m).unwrap();
-        assert_eq!(peek(&bytes), Some(("dispatch", "r-1.a")));
+        let bytes = br#"{"k":"dispatch","r":"r-1.a","pool":"p","w":"w","src":1,"b":[1,2]}"#;
+        assert_eq!(peek(bytes), Some(("dispatch", "r-1.a")));
         for bad in [&b"{\"k\":\"book\",\"r\":\"a\\\"b\"}"[..], b"{\"r\":\"x\",\"k\":\"book\"}", b"", b"{\"k\":\"book\""]
         {
             assert_eq!(peek(bad), None, "{}", String::from_utf8_lossy(bad));

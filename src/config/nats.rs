@@ -300,7 +300,8 @@ mod tests {
 
     #[test]
     fn contradictions_and_half_settings_are_refused_with_the_key() {
-        let cases: [(fn(&mut NatsKeys), &str); 7] = [
+        type Case = (fn(&mut NatsKeys), &'static str);
+        let cases: [Case; 7] = [
             (|k| k.user = Some("u".into()), "cluster.nats_user"),
             (|k| k.password.inline = Some("p".into()), "cluster.nats_user"),
             (|k| k.nkey_seed.inline = Some("SXnotaseed".into()), "cluster.nats_nkey_seed"),

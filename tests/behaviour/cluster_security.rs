@@ -27,6 +27,16 @@ impl Drop for Replica {
     }
 }
 
+/// A `nats-server`, stopped when dropped.
+struct Nats(Child);
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A replica whose `[cluster]` section ends with `nats` (the URL and its authentication keys).
 fn replica(nats: &str, workers: &str) -> Replica {
     let dir = tempfile::tempdir().unwrap();
@@ -54,9 +64,8 @@ async fn connected(r: &Replica) {
 async fn kept_out(url: &str, opts: async_nats::ConnectOptions, what: &str) {
     let attempt =
         tokio::time::timeout(Duration::from_secs(5), opts.connection_timeout(Duration::from_secs(2)).connect(url));
-    match attempt.await {
-        Ok(Ok(_)) => panic!("{what}: a stranger connected to {url}"),
-        Ok(Err(_)) | Err(_) => {}
+    if let Ok(Ok(_)) = attempt.await {
+        panic!("{what}: a stranger connected to {url}");
     }
 }
 
@@ -88,7 +97,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
 
     // Token: also from a file, the way a Secret is mounted.
     let port = free_port();
-    let mut nats = nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string(), "--auth", "s3cret-token"]);
+    let nats = Nats(nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string(), "--auth", "s3cret-token"]));
     std::fs::write(dir.path().join("token"), "s3cret-token\n").unwrap();
     let r = replica(&format!("nats_url = \"nats://127.0.0.1:{port}\"\nnats_token_file = \"{d}/token\""), &workers);
     connected(&r).await;
@@ -96,12 +105,14 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
     kept_out(&url, async_nats::ConnectOptions::new(), "no token").await;
     kept_out(&url, async_nats::ConnectOptions::new().token("guess".into()), "wrong token").await;
     drop(r);
-    let _ = nats.kill();
+    drop(nats);
 
     // User and password, written in the URL (honoured, not dropped).
     let port = free_port();
-    let mut nats =
-        nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string(), "--user", "router", "--pass", "pw1"]);
+    let nats = Nats(nats_server_with(
+        port,
+        &["-a", "127.0.0.1", "-p", &port.to_string(), "--user", "router", "--pass", "pw1"],
+    ));
     let r = replica(&format!("nats_url = \"nats://router:pw1@127.0.0.1:{port}\""), &workers);
     connected(&r).await;
     let url = format!("nats://127.0.0.1:{port}");
@@ -113,7 +124,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
     )
     .await;
     drop(r);
-    let _ = nats.kill();
+    drop(nats);
 
     // NKey: the server knows only the public key; the seed comes from the environment.
     let user = nkeys::KeyPair::new_user();
@@ -121,7 +132,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
     let conf = dir.path().join("nkey.conf");
     let users = format!("authorization {{ users = [ {{ nkey: \"{}\" }} ] }}", user.public_key());
     std::fs::write(&conf, format!("listen: 127.0.0.1:{port}\n{users}\n")).unwrap();
-    let mut nats = nats_server_with(port, &["-c", &conf.to_string_lossy()]);
+    let nats = Nats(nats_server_with(port, &["-c", &conf.to_string_lossy()]));
     std::env::set_var("MMROUTER_TEST_NKEY_SEED", user.seed().unwrap());
     let r = replica(
         &format!("nats_url = \"nats://127.0.0.1:{port}\"\nnats_nkey_seed_env = \"MMROUTER_TEST_NKEY_SEED\""),
@@ -133,7 +144,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
     let other = nkeys::KeyPair::new_user().seed().unwrap();
     kept_out(&url, async_nats::ConnectOptions::new().nkey(other), "another nkey").await;
     drop(r);
-    let _ = nats.kill();
+    drop(nats);
 
     // TLS with client certificates (mTLS): the server verifies the replica, the replica the server.
     certificates(dir.path());
@@ -143,7 +154,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
         "tls {{ cert_file: \"{d}/server.pem\", key_file: \"{d}/server.key\", ca_file: \"{d}/ca.pem\", verify: true }}"
     );
     std::fs::write(&conf, format!("listen: 127.0.0.1:{port}\n{tls}\n")).unwrap();
-    let mut nats = nats_server_with(port, &["-c", &conf.to_string_lossy()]);
+    let nats = Nats(nats_server_with(port, &["-c", &conf.to_string_lossy()]));
     let keys = format!(
         "nats_url = \"tls://127.0.0.1:{port}\"\nnats_tls_ca_file = \"{d}/ca.pem\"\n\
          nats_tls_cert_file = \"{d}/client.pem\"\nnats_tls_key_file = \"{d}/client.key\""
@@ -155,8 +166,7 @@ async fn each_nats_authentication_lets_the_replica_in_and_keeps_strangers_out() 
     let ca_only = async_nats::ConnectOptions::new().add_root_certificates(dir.path().join("ca.pem"));
     kept_out(&url, ca_only, "TLS without a client certificate").await;
     drop(r);
-    let _ = nats.kill();
-    let _ = nats.wait();
+    drop(nats);
 }
 
 /// An authenticated client that publishes what a compromised replica could.
@@ -175,7 +185,7 @@ async fn debug(url: &str, body: &[u8]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_authenticated_rogue_moves_no_cached_prompt_and_a_flood_stays_bounded() {
     let port = free_port();
-    let mut nats = nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string(), "--auth", "team-token"]);
+    let nats = Nats(nats_server_with(port, &["-a", "127.0.0.1", "-p", &port.to_string(), "--auth", "team-token"]));
     let sims = sims(3, fast).await;
     let workers: String =
         sims.iter().map(|s| format!("[[workers]]\nname = {:?}\nurl = {:?}\n", s.name(), s.url())).collect();
@@ -257,8 +267,7 @@ async fn an_authenticated_rogue_moves_no_cached_prompt_and_a_flood_stays_bounded
     assert!(status["status"].is_string());
     let m = metrics_of(&r.url).await;
     assert!(metric(&m, "mmrouter_cluster_messages_refused_total", "reason=\"quota_queue\"") > 0.0);
-    let _ = nats.kill();
-    let _ = nats.wait();
+    drop(nats);
 }
 
 /// A field of /proc/<pid>/status, in kB.
