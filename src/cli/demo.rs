@@ -1,6 +1,10 @@
 //! `mmrouter demo`: simulated workers and the proxy in one process. By default two pools — the bundled
 //! Qwen3-VL and Qwen2.5-VL profiles, each over its own simulated workers — so a request's `model`
 //! picks the pool; with one `--model`, one pool that serves any model name.
+//!
+//! The demo is not `serve`: it fetches loopback image URLs (`serve` refuses them by default) and its
+//! workers are simulated. It says so on start ([`relaxations`]), so that nobody takes its answers for
+//! what `serve` in front of real vLLM workers would answer.
 
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::PipelineConfig;
@@ -8,6 +12,9 @@ use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 use mmrouter_sim::{SimHandle, SimOptions};
 
 use crate::config::{PoolSettings, Settings, WorkerSettings};
+
+/// Where the demo's own clients may serve images from (a local web server): loopback.
+const LOOPBACK: &str = "127.0.0.0/8";
 
 /// The served names of a bundled profile: the HF model id clients send, and the profile name.
 fn served_names(model: &str) -> Vec<String> {
@@ -54,6 +61,10 @@ pub async fn run(
         let names: Vec<&str> = p.workers.iter().map(|w| w.spec.name.as_str()).collect();
         println!("  pool {} ({served}): workers {}", p.name, names.join(", "));
     }
+    println!("unlike `mmrouter serve`, this demo:");
+    for line in relaxations(&cfg.pools, &SimOptions::default()) {
+        println!("  - {line}");
+    }
     println!("try:\n  curl -s http://{addr}/v1/models");
     println!("  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"Qwen/Qwen3-VL-8B-Instruct\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
     println!("metrics: curl -s http://{addr}/metrics   (Ctrl-C to stop)");
@@ -64,11 +75,39 @@ pub async fn run(
     Ok(())
 }
 
+/// What the demo does that `serve`, with its defaults and real vLLM workers, would not, for its `pools`
+/// over workers started with `sim`'s fetch allowlists: said on start.
+pub fn relaxations(pools: &[PoolSettings], sim: &SimOptions) -> Vec<String> {
+    let mut cidrs: Vec<&str> =
+        pools.iter().flat_map(|p| p.pipeline.media.allow_cidrs.iter().map(String::as_str)).collect();
+    cidrs.sort_unstable();
+    cidrs.dedup();
+    let mut lines = Vec::new();
+    if !cidrs.is_empty() {
+        lines.push(format!(
+            "fetches image URLs on {} (serve answers them 400 image_url_blocked unless [media] allow_cidrs lists them)",
+            cidrs.join(", ")
+        ));
+    }
+    lines.push(
+        "answers from simulated workers (mmrouter-sim): deterministic text, not a model's; n, logprobs, tools and \
+         response_format come back in vLLM's shapes, and what vLLM refuses is refused with its 400"
+            .to_owned(),
+    );
+    let fetched: Vec<&str> = sim.fetch_allow_cidrs.iter().chain(&sim.fetch_allow_hosts).map(String::as_str).collect();
+    lines.push(format!(
+        "has workers that fetch image URLs only from {} (a worker answers 400 for any other URL): send other \
+         images as data: URLs",
+        fetched.join(", ")
+    ));
+    lines
+}
+
 /// One pool over `sims`; `any`: serve every model name (the demo's single-model form).
 fn pool(model: &str, source: ModelSource, sims: &[SimHandle], any: bool) -> PoolSettings {
     let mut pipeline = PipelineConfig { model: ModelSpec::new(source), media: Default::default() };
-    // The demo's own clients may send images from a local web server.
-    pipeline.media.allow_cidrs = vec!["127.0.0.0/8".to_owned()];
+    // The demo's own clients may send images from a local web server (announced by `relaxations`).
+    pipeline.media.allow_cidrs = vec![LOOPBACK.to_owned()];
     let workers = sims
         .iter()
         .map(|s| WorkerSettings { spec: WorkerSpec::new(s.name().to_owned(), s.url()), events: None })

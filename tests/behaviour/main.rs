@@ -12,6 +12,7 @@ mod cluster_security;
 mod cluster_trust;
 mod conn;
 mod count_cli;
+mod demo_fields;
 mod doctor;
 mod faults;
 mod gate;

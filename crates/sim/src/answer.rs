@@ -197,23 +197,32 @@ fn tool_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
-/// The sampled token's logprob: deterministic, between -0.01 and -0.46.
-fn logprob(s: &Script, i: usize) -> f64 {
+/// The sampled token's logprob in hundredths: deterministic, between -1 and -46.
+fn hundredths(s: &Script, i: usize) -> i64 {
     let step = (i * 7 + s.index as usize * 3) % 10;
-    -0.01 - 0.05 * step as f64
+    -1 - 5 * step as i64
+}
+
+/// Hundredths as a float that prints short (-0.36, not -0.36000000000000004).
+fn decimal(hundredths: i64) -> f64 {
+    hundredths as f64 / 100.0
+}
+
+fn logprob(s: &Script, i: usize) -> f64 {
+    decimal(hundredths(s, i))
 }
 
 /// The `k` most likely tokens at position `i`: the sampled one, then alternatives that differ from it.
 fn top(s: &Script, i: usize, k: u32) -> Vec<(String, f64)> {
     let piece = &s.pieces[i];
-    let sampled = logprob(s, i);
+    let sampled = hundredths(s, i);
     let space = if piece.starts_with(' ') { " " } else { "" };
     let alternatives = (0..WORDS.len())
         .map(|j| format!("{space}{}", WORDS[(i + j + 1) % WORDS.len()]))
         .filter(|alt| alt != piece)
         .enumerate()
-        .map(|(j, alt)| (alt, sampled - 1.0 - 0.5 * j as f64));
-    std::iter::once((piece.clone(), sampled)).chain(alternatives).take(k as usize).collect()
+        .map(|(j, alt)| (alt, decimal(sampled - 100 - 50 * j as i64)));
+    std::iter::once((piece.clone(), decimal(sampled))).chain(alternatives).take(k as usize).collect()
 }
 
 /// One `logprobs.content` entry of a chat choice.
