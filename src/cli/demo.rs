@@ -55,19 +55,21 @@ pub async fn run(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on 127.0.0.1:{port}: {e} (pick another with --port)"))?;
     let addr = listener.local_addr()?;
-    println!("mmrouter demo: proxy on http://{addr}");
+    // Built whole and printed quietly: `mmrouter demo | head` must not panic the server on a closed pipe.
+    let mut banner = format!("mmrouter demo: proxy on http://{addr}\n");
     for p in &cfg.pools {
         let served = if p.models.is_empty() { "any model".to_owned() } else { p.models.join(", ") };
         let names: Vec<&str> = p.workers.iter().map(|w| w.spec.name.as_str()).collect();
-        println!("  pool {} ({served}): workers {}", p.name, names.join(", "));
+        banner.push_str(&format!("  pool {} ({served}): workers {}\n", p.name, names.join(", ")));
     }
-    println!("unlike `mmrouter serve`, this demo:");
+    banner.push_str("unlike `mmrouter serve`, this demo:\n");
     for line in relaxations(&cfg.pools, &SimOptions::default()) {
-        println!("  - {line}");
+        banner.push_str(&format!("  - {line}\n"));
     }
-    println!("try:\n  curl -s http://{addr}/v1/models");
-    println!("  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"Qwen/Qwen3-VL-8B-Instruct\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
-    println!("metrics: curl -s http://{addr}/metrics   (Ctrl-C to stop)");
+    banner.push_str(&format!("try:\n  curl -s http://{addr}/v1/models\n"));
+    banner.push_str(&format!("  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"Qwen/Qwen3-VL-8B-Instruct\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n"));
+    banner.push_str(&format!("metrics: curl -s http://{addr}/metrics   (Ctrl-C to stop)\n"));
+    super::print_quietly(&banner)?;
     crate::server::serve(cfg, listener, shutdown).await?;
     for s in sims {
         s.shutdown().await;

@@ -145,11 +145,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let handle = spawn(opts, prompter).await?;
-    println!("mmrouter sim `{}` listening on {}", handle.name(), handle.url());
+    let mut banner = format!("mmrouter sim `{}` listening on {}\n", handle.name(), handle.url());
     if let Some(endpoint) = handle.kv_events_endpoint() {
         let replay = handle.kv_events_replay_endpoint().unwrap_or("none");
-        println!("mmrouter sim `{}` publishing KV events on {endpoint} (replay: {replay})", handle.name());
+        banner.push_str(&format!(
+            "mmrouter sim `{}` publishing KV events on {endpoint} (replay: {replay})\n",
+            handle.name()
+        ));
     }
+    // A reader that has gone (`mmrouter sim | head -1`) is no reason to stop serving, nor to panic.
+    let mut out = std::io::stdout().lock();
+    let _ = std::io::Write::write_all(&mut out, banner.as_bytes()).and_then(|()| std::io::Write::flush(&mut out));
+    drop(out);
     shutdown.await;
     handle.shutdown().await;
     Ok(())
