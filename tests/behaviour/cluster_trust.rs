@@ -273,11 +273,12 @@ async fn a_bootstrap_that_runs_out_of_time_keeps_nothing_of_a_partial_graft() {
     let t = proxy(vec![], &config(&sim, &cluster)).await;
     let health = until_ready(&t.url).await;
     assert!(started.elapsed() >= Duration::from_millis(1900), "ready only at the deadline");
-    assert_eq!(
-        (health["bootstrap"]["state"].as_str(), health["bootstrap"]["source"].as_str()),
-        (Some("incomplete"), Some("engines")),
-        "{health}"
-    );
+    // The peer's stream used the whole wait, so the engines' rings are replayed from 0 after it: the
+    // state is `incomplete`, or `complete` when the feeds had already settled at the deadline's check
+    // (a small ring replays in milliseconds; which one is a race with that check). Never the peer's.
+    assert_eq!(health["bootstrap"]["source"].as_str(), Some("engines"), "{health}");
+    let state = health["bootstrap"]["state"].as_str();
+    assert!(matches!(state, Some("incomplete" | "complete")), "{health}");
     // Nothing of the peer's stays; the engine's ring (replayed from 0) gives what the lone router has.
     let end = Instant::now() + Duration::from_secs(10);
     let events = |m: &str| metric(m, "mmrouter_index_blocks_by_source", "source=\"events\"");
