@@ -255,20 +255,27 @@ async fn a_62_mib_answer_is_refused_at_its_cap_and_the_doctor_stays_small() {
         assert!(l["detail"].as_str().unwrap().contains(says), "{l}");
     }
     assert_eq!(line(&run.json, "served_model")["status"], "ok", "{:#}", run.json);
-    // The same run against a worker that is not there: the model's tokenizers and templates, loaded
-    // before any check, are the doctor's floor (~210 MiB in a debug build).
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let nothing = format!("http://127.0.0.1:{port}");
-    let floor = tokio::task::spawn_blocking(move || {
-        run_doctor(vec!["--model-dir".into(), "qwen3-vl".into(), "--worker".into(), nothing, "--json".into()])
-    })
-    .await
-    .unwrap();
+    // The same run against a worker whose answers are small: the model's tokenizers and templates,
+    // loaded once a worker reaches the probes, are the doctor's floor (~200 MiB in a debug build).
+    let small = fake_worker(true, |_| axum::response::IntoResponse::into_response("{}")).await;
+    let args = vec!["--model-dir".into(), "qwen3-vl".into(), "--worker".into(), small, "--json".into()];
+    let floor = tokio::task::spawn_blocking(move || run_doctor(args)).await.unwrap();
     let (peak, floor) = (run.peak_rss_kib / 1024, floor.peak_rss_kib / 1024);
-    eprintln!("doctor's peak RSS: {peak} MiB on 62 MiB answers, {floor} MiB with no worker");
+    eprintln!("doctor's peak RSS: {peak} MiB on 62 MiB answers, {floor} MiB on small ones");
     assert!(floor > 0, "VmHWM was read");
     // Reading every answer whole and parsing it as a tree took gigabytes; at most a cap's worth now.
-    assert!(peak < floor + 48, "doctor's peak RSS {peak} MiB on 62 MiB answers, {floor} MiB with no worker");
+    assert!(peak < floor + 48, "doctor's peak RSS {peak} MiB on 62 MiB answers, {floor} MiB on small ones");
+
+    // A worker whose every answer, `/v1/models` included, is 62 MiB: it never reaches the probes, so
+    // the model is never loaded and the doctor stays small (issue 45: under 200 MB).
+    let url = fake_worker(false, huge_answer).await;
+    let args = ["--model-dir", "qwen3-vl", "--worker", &url, "--json", "--timeout-secs", "20"];
+    let args = args.map(str::to_owned).to_vec();
+    let run = tokio::task::spawn_blocking(move || run_doctor(args)).await.unwrap();
+    assert_eq!(run.code, Some(1), "{:#}", run.json);
+    let peak_mb = run.peak_rss_kib * 1024 / 1_000_000;
+    eprintln!("doctor's peak RSS without the probes: {peak_mb} MB");
+    assert!(peak_mb < 200, "doctor's peak RSS {peak_mb} MB on a worker of 62 MiB answers: {:#}", run.json);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

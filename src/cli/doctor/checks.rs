@@ -16,11 +16,30 @@ use super::probe::{probes, Probe};
 use super::report::Checks;
 use crate::config::{EventSource, KvEventsSection, PoolSettings, WorkerSettings};
 
+/// A pool's pipeline, built when the first of its workers reaches the probes: the model's tokenizer
+/// is most of doctor's memory (~190 MiB for a bundled Qwen profile), which a worker failing its
+/// first checks — unreachable, or answering megabytes of junk — never needs.
+pub struct LazyPipeline<'a> {
+    pool: &'a PoolSettings,
+    built: std::sync::OnceLock<Result<Pipeline, String>>,
+}
+
+impl<'a> LazyPipeline<'a> {
+    pub fn new(pool: &'a PoolSettings) -> LazyPipeline<'a> {
+        LazyPipeline { pool, built: std::sync::OnceLock::new() }
+    }
+
+    fn get(&self) -> Result<&Pipeline, &str> {
+        let built = self.built.get_or_init(|| Pipeline::new(&self.pool.pipeline).map_err(|e| e.to_string()));
+        built.as_ref().map_err(String::as_str)
+    }
+}
+
 /// What every worker of a pool is checked against.
 #[derive(Clone, Copy)]
 pub struct Scope<'a> {
     pub pool: &'a PoolSettings,
-    pub pipeline: &'a Pipeline,
+    pub pipeline: &'a LazyPipeline<'a>,
     pub limits: &'a KvEventsSection,
     pub timeout: Duration,
 }
@@ -113,10 +132,16 @@ pub async fn worker(scope: &Scope<'_>, w: &WorkerSettings, c: &mut Checks) {
     let Some(model) = model else {
         return c.skip("probes", "no model to send the probe chats to");
     };
+    let pipeline = match scope.pipeline.get() {
+        Ok(p) => p,
+        Err(e) => {
+            return c.fail("probes", format!("the pool's model does not load: {e}"), "see the pool's [model] settings")
+        }
+    };
     let nonce = format!("{:016x}", rand::random::<u64>());
     let mut image = None;
     for probe in probes(&model, &nonce) {
-        if let Some(sent) = probe_once(c, (&http, w.spec.engine), scope.pipeline, probe).await {
+        if let Some(sent) = probe_once(c, (&http, w.spec.engine), pipeline, probe).await {
             if sent.name == "image" {
                 image = Some(sent);
             }

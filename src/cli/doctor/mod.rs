@@ -18,10 +18,8 @@ mod report;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures_util::StreamExt as _;
 use mmrouter_core::model::{ModelSource, ModelSpec};
-use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::{Engine, WorkerSpec};
 
 use crate::config::{EventSource, Settings, WorkerSettings};
@@ -81,10 +79,7 @@ pub async fn run(args: &DoctorArgs) -> anyhow::Result<u8> {
 pub async fn diagnose(settings: &Settings, limits: impl Into<Limits>) -> anyhow::Result<Vec<Line>> {
     let limits = limits.into();
     let deadline = tokio::time::Instant::now() + limits.deadline;
-    let mut pipelines = Vec::new();
-    for pool in &settings.pools {
-        pipelines.push(Pipeline::new(&pool.pipeline).with_context(|| format!("pool {}", pool.name))?);
-    }
+    let pipelines: Vec<checks::LazyPipeline<'_>> = settings.pools.iter().map(checks::LazyPipeline::new).collect();
     let jobs = settings.pools.iter().zip(&pipelines).flat_map(|(pool, pipeline)| {
         let scope = checks::Scope { pool, pipeline, limits: &settings.kv_events, timeout: limits.timeout };
         pool.workers.iter().map(move |w| within(scope, w, (deadline, limits.deadline)))
