@@ -208,8 +208,10 @@ impl Share {
             }
         };
         let used = w.used.saturating_add(keys);
-        self.window = Some(KeyWindow { used: if used <= w.allowance { used } else { w.used }, ..w });
-        if used <= w.allowance {
+        let fits = used <= w.allowance;
+        // A refused record charges nothing: the replica's next, smaller one may still fit.
+        self.window = Some(KeyWindow { used: if fits { used } else { w.used }, ..w });
+        if fits {
             Ok(())
         } else {
             Err(Refusal::QuotaKeys)

@@ -108,11 +108,11 @@ impl Nats {
                 self.inbox.refused(Refusal::Oversized);
                 continue;
             }
-            let Some((_, replica)) = checks::peek(&m.payload) else {
+            let Some((tag, replica)) = checks::peek(&m.payload) else {
                 self.inbox.refused(Refusal::Malformed);
                 continue;
             };
-            if Msg::is_booking(&m.payload) {
+            if Msg::is_booking(tag) {
                 self.apply(&m.payload);
                 continue;
             }
