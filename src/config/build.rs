@@ -11,12 +11,13 @@ use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec, TokenizerMode};
 use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::prompt::ContentFormat;
-use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
+use mmrouter_core::routing::{Engine, Role, RoutingConfig, WorkerSpec};
 use mmrouter_kv_events::discovery::MAX_DATA_PARALLEL;
 
 use super::file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 use super::kv_events::KvEventsSection;
 use super::retries::RetryConfig;
+use super::roles::{check_roles, Member};
 use super::settings::{
     AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,
 };
@@ -78,6 +79,7 @@ impl Settings {
             let model = model_spec(&file.model)?;
             let workers = worker_specs(&file.workers)?;
             let name = model.name.clone();
+            pool_roles(&name, &workers).map_err(|e| anyhow::anyhow!("workers: {e}"))?;
             let pipeline = PipelineConfig { model, media: file.media };
             vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing }]
         } else {
@@ -290,6 +292,7 @@ fn pool_settings(
             anyhow::bail!("pools[{i}].models: '{dup}' is served by another pool too");
         }
         let pool_workers = worker_specs(&p.workers).map_err(at)?;
+        pool_roles(&p.name, &pool_workers).map_err(|e| anyhow::anyhow!("pools[{i}].workers: {e}"))?;
         if let Some(dup) = pool_workers.iter().find(|w| !workers.insert(w.spec.name.clone())) {
             anyhow::bail!("pools[{i}].workers: worker name '{}' is used in another pool too", dup.spec.name);
         }
@@ -348,7 +351,16 @@ pub fn check_worker_url(url: &str) -> anyhow::Result<()> {
 pub fn worker_settings(at: &str, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
     check_worker_name(&w.name).map_err(|e| anyhow::anyhow!("{at}.name {e}"))?;
     check_worker_url(&w.url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
-    let spec = WorkerSpec { name: w.name.clone(), url: w.url.clone(), engine: w.engine };
+    check_bootstrap_port(at, w)?;
+    if w.role == Role::Encode && w.engine != Engine::Vllm {
+        anyhow::bail!("{at}.role = \"encode\" needs engine = \"vllm\": SGLang E/PD is not supported");
+    }
+    let spec = WorkerSpec {
+        engine: w.engine,
+        role: w.role,
+        bootstrap_port: w.bootstrap_port,
+        ..WorkerSpec::new(w.name.clone(), w.url.clone())
+    };
     // The same cap as a discovered document's (a worker is not trusted with more feeds either way).
     if !(1..=MAX_DATA_PARALLEL).contains(&w.data_parallel_size) {
         anyhow::bail!("{at}.data_parallel_size must be in 1..={MAX_DATA_PARALLEL} (got {})", w.data_parallel_size);
@@ -380,4 +392,29 @@ pub fn worker_settings(at: &str, w: &WorkerSection) -> anyhow::Result<WorkerSett
         }
     };
     Ok(WorkerSettings { spec, events })
+}
+
+/// `bootstrap_port`: what an SGLang prefill worker's legs name (both legs meet at its bootstrap
+/// server), so it is required there and meaningless anywhere else.
+fn check_bootstrap_port(at: &str, w: &WorkerSection) -> anyhow::Result<()> {
+    let sglang_prefill = w.engine == Engine::Sglang && w.role == Role::Prefill;
+    match (sglang_prefill, w.bootstrap_port) {
+        (true, None) => anyhow::bail!(
+            "{at}.bootstrap_port is required for an engine = \"sglang\" role = \"prefill\" worker (its \
+             --disaggregation-bootstrap-port)"
+        ),
+        (true, Some(0)) => anyhow::bail!("{at}.bootstrap_port must be a port in 1..=65535 (got 0)"),
+        (false, Some(_)) => anyhow::bail!(
+            "{at}.bootstrap_port is only for engine = \"sglang\" role = \"prefill\" workers (this one is \
+             engine = \"{}\" role = \"{}\")",
+            super::roles::engine_label(w.engine),
+            w.role.label()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The pool-level role rules over a pool's configured workers.
+fn pool_roles(pool: &str, workers: &[WorkerSettings]) -> anyhow::Result<()> {
+    check_roles(pool, workers.iter().map(|w| Member::from(&w.spec))).map_err(anyhow::Error::from)
 }

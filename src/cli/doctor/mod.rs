@@ -126,7 +126,7 @@ fn flag_settings(args: &DoctorArgs, dir: &str) -> anyhow::Result<Settings> {
     let mut specs = Vec::new();
     for (i, url) in args.workers.iter().enumerate() {
         crate::config::check_worker_url(url).map_err(|e| anyhow::anyhow!("--worker {url}: {e}"))?;
-        specs.push(WorkerSpec { name: format!("worker-{i}"), url: url.clone(), engine: args.engine });
+        specs.push(WorkerSpec { engine: args.engine, ..WorkerSpec::new(format!("worker-{i}"), url.clone()) });
     }
     let mut settings = Settings::new(model, specs);
     let events = match args.kv_events.as_deref() {

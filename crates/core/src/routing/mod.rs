@@ -17,6 +17,7 @@
 //! microseconds (see `benches/index.rs`), and it keeps `mmrouter_kv_overlap_tokens` meaning the same
 //! whatever the policy, so policies can be compared on it.
 
+mod encode;
 pub mod events;
 pub mod index;
 mod kv;
@@ -39,8 +40,9 @@ pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use link::Link;
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
-pub use worker::{Admission, Engine, EngineMmCache, LoadGuard, Worker, WorkerSpec};
+pub use worker::{Admission, Engine, EngineMmCache, LoadGuard, Role, Worker, WorkerSpec};
 
+pub use encode::{EncodePolicy, EncodeRequest};
 pub use policy::SelectRequest;
 pub use residency::{Held, ImageBudgets, ImageUse};
 pub use unseen::Unseen;
@@ -103,6 +105,14 @@ pub struct RoutingConfig {
     pub encoder_cache_tokens: u64,
     /// The workers' processor cache in GiB (vLLM's `--mm-processor-cache-gb`, default 4; 0 = off).
     pub processor_cache_gb: f64,
+    /// Weight, relative to an image's own encoder work, of the encoder tokens already in flight on an
+    /// encode worker (its queue) when the encoder stage picks one (`encode.rs`): 1 weighs a queued
+    /// token as one to compute, so an image leaves the encoder that holds it once that encoder's queue
+    /// costs more than encoding the image again elsewhere.
+    pub encode_queue_weight: f64,
+    /// How the encoder stage picks an encode worker: `residency` (default), or `round_robin` /
+    /// `hash_ring` as peers do (for comparison).
+    pub encode_policy: EncodePolicy,
     /// `[routing.ejection]`: passive outlier detection (see [`outlier`]).
     pub ejection: EjectionConfig,
 }
@@ -124,6 +134,8 @@ impl Default for RoutingConfig {
             image_preprocess_weight: 0.25,
             encoder_cache_tokens: ImageBudgets::VLLM_DEFAULT.encoder_tokens,
             processor_cache_gb: (ImageBudgets::VLLM_DEFAULT.processor_bytes >> 30) as f64,
+            encode_queue_weight: 1.0,
+            encode_policy: EncodePolicy::Residency,
             ejection: EjectionConfig::default(),
         }
     }
@@ -181,6 +193,7 @@ impl RoutingConfig {
             ("routing.image_encoder_weight", self.image_encoder_weight),
             ("routing.image_preprocess_weight", self.image_preprocess_weight),
             ("routing.processor_cache_gb", self.processor_cache_gb),
+            ("routing.encode_queue_weight", self.encode_queue_weight),
         ] {
             if !value.is_finite() || value < 0.0 {
                 return Err(RoutingError::InvalidNumber { key, value });
@@ -294,11 +307,15 @@ pub struct Router {
 }
 
 /// How the router weighs the images its workers likely still hold (`[routing] image_*`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 struct ImageAffinity {
     budgets: ImageBudgets,
     encoder_weight: f64,
     preprocess_weight: f64,
+    encode_queue_weight: f64,
+    encode_policy: EncodePolicy,
+    /// The round-robin encode policy's turn.
+    encode_turn: std::sync::atomic::AtomicUsize,
 }
 
 impl ImageAffinity {
@@ -389,6 +406,9 @@ impl Router {
                 budgets,
                 encoder_weight: cfg.image_encoder_weight,
                 preprocess_weight: cfg.image_preprocess_weight,
+                encode_queue_weight: cfg.encode_queue_weight,
+                encode_policy: cfg.encode_policy,
+                encode_turn: std::sync::atomic::AtomicUsize::new(0),
             },
             policy,
             share: cfg.worker_share_blocks(),
@@ -544,12 +564,32 @@ impl Router {
         true
     }
 
-    /// Ranks the selectable workers (healthy, or half-open with no probe out) for a request; `None`
-    /// if there is none.
+    /// Ranks the selectable workers (healthy, or half-open with no probe out) that serve whole
+    /// requests (role `both`); `None` if there is none.
     pub fn select(&self, req: &SelectRequest<'_>) -> Option<Decision> {
+        self.select_for(req, Role::Both)
+    }
+
+    /// Which roles the pool's workers in rotation have (a pool with prefill and decode workers serves
+    /// disaggregated).
+    pub fn roles(&self) -> Vec<Role> {
+        let workers = self.workers.read();
+        let mut roles: Vec<Role> = Vec::new();
+        for w in workers.iter().filter(|w| w.in_rotation()) {
+            if !roles.contains(&w.role()) {
+                roles.push(w.role());
+            }
+        }
+        roles
+    }
+
+    /// [`select`](Self::select) among the workers of `role`: a prefill leg by its KV overlap and
+    /// prefill load, a decode leg by its own cached prefix (what it need not pull) and load, under the
+    /// pool's policy.
+    pub fn select_for(&self, req: &SelectRequest<'_>, role: Role) -> Option<Decision> {
         let now = Instant::now();
         let workers = self.workers.read().clone();
-        let eligible: Vec<bool> = workers.iter().map(|w| w.selectable(now)).collect();
+        let eligible: Vec<bool> = workers.iter().map(|w| w.role() == role && w.selectable(now)).collect();
         if !eligible.contains(&true) {
             return None;
         }
@@ -574,6 +614,34 @@ impl Router {
         let policy = self.policy.name();
         let costs = pick.costs;
         Some(Decision { candidates, overlap_blocks, overlap_sources, costs, image_credit, unseen, policy, _held })
+    }
+
+    /// Ranks the encode workers for a request's images (see `encode.rs`): the decision's `costs` are
+    /// the encode costs, its `image_credit` the encoder tokens each likely holds; no overlap. `None`
+    /// when no encode worker is selectable.
+    pub fn select_encoder(&self, req: &EncodeRequest<'_>) -> Option<Decision> {
+        let workers = self.workers.read().clone();
+        let weights = encode::EncodeWeights {
+            encoder: self.images.encoder_weight.max(f64::MIN_POSITIVE),
+            preprocess: self.images.preprocess_weight,
+            queue: self.images.encode_queue_weight,
+        };
+        let (costs, image_credit) = encode::costs(&workers, req, weights);
+        let policy = self.images.encode_policy;
+        let pick = encode::pick(policy, &workers, req, &costs, &self.images.encode_turn)?;
+        let eligible: Vec<bool> = costs.iter().map(|c| !c.is_nan()).collect();
+        let candidates = rank(pick, &costs, &eligible);
+        let n = workers.len();
+        Some(Decision {
+            candidates,
+            overlap_blocks: vec![0; n],
+            overlap_sources: vec![Overlap::default(); n],
+            costs,
+            image_credit,
+            unseen: Unseen::default(),
+            policy: policy.label(),
+            _held: workers,
+        })
     }
 
     /// Per worker, the image credit of the request (all 0 without images).

@@ -30,12 +30,56 @@ pub struct WorkerSpec {
     /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
     pub url: String,
     pub engine: Engine,
+    /// What the worker does for a request: all of it (`both`), or one leg of disaggregated serving.
+    pub role: Role,
+    /// SGLang prefill workers: the port of the engine's bootstrap server (`--disaggregation-bootstrap-port`),
+    /// which both legs of a request name so the decode engine finds the prefill's KV cache.
+    pub bootstrap_port: Option<u16>,
 }
 
 impl WorkerSpec {
-    /// A vLLM worker.
+    /// A vLLM worker serving whole requests.
     pub fn new(name: impl Into<String>, url: impl Into<String>) -> WorkerSpec {
-        WorkerSpec { name: name.into(), url: url.into(), engine: Engine::Vllm }
+        WorkerSpec { name: name.into(), url: url.into(), engine: Engine::Vllm, role: Role::Both, bootstrap_port: None }
+    }
+
+    /// The same worker in `role`.
+    pub fn with_role(mut self, role: Role) -> WorkerSpec {
+        self.role = role;
+        self
+    }
+}
+
+/// A worker's part in serving a request. A pool with prefill and decode workers serves disaggregated
+/// (prefill on one engine, its KV cache pulled by a decode engine), with an encoder stage when it also
+/// has encode workers (images encoded on an encoder-only engine, the embeddings loaded by prefill).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Serves whole requests (aggregated, as without disaggregation).
+    #[default]
+    Both,
+    Prefill,
+    Decode,
+    Encode,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Both, Role::Prefill, Role::Decode, Role::Encode];
+
+    /// The config value and metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Encode => "encode",
+        }
+    }
+
+    /// The role named `s` (a config value or a flag).
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.label() == s)
     }
 }
 
@@ -156,6 +200,15 @@ impl Worker {
 
     pub fn engine(&self) -> Engine {
         self.spec.engine
+    }
+
+    pub fn role(&self) -> Role {
+        self.spec.role
+    }
+
+    /// SGLang prefill workers: the bootstrap server's port.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.spec.bootstrap_port
     }
 
     /// Plainly healthy: full traffic (not ejected, half-open or down).
