@@ -27,6 +27,15 @@ pub enum SimError {
     StreamDropped,
     #[error("the simulated worker is shutting down")]
     ShuttingDown,
+    /// SGLang's decode leg named a bootstrap host off this machine: the sim contacts loopback only.
+    #[error("bootstrap_host `{host}` is not a loopback address: the simulator contacts only this machine")]
+    BootstrapHostRefused { host: String },
+    /// SGLang's decode leg waited past `--bootstrap-timeout-ms` for its prefill.
+    #[error("bootstrap room {room} was not completed by its prefill within {waited_ms} ms")]
+    BootstrapTimeout { room: u64, waited_ms: u64 },
+    /// The encode role could not write an image's entry to `--ec-shared-storage`.
+    #[error("could not write the encoder cache to the shared storage: {0}")]
+    EcStorage(String),
     #[error("invalid option --{flag}: {reason}")]
     InvalidOption { flag: &'static str, reason: String },
 }
@@ -46,6 +55,9 @@ impl SimError {
             Self::RateLimited => "rate_limited",
             Self::StreamDropped => "stream_dropped",
             Self::ShuttingDown => "shutting_down",
+            Self::BootstrapHostRefused { .. } => "bootstrap_host_refused",
+            Self::BootstrapTimeout { .. } => "bootstrap_timeout",
+            Self::EcStorage(_) => "ec_storage_failed",
             Self::InvalidOption { .. } => "invalid_option",
         }
     }

@@ -129,7 +129,14 @@ fn name_images(request: &Request<'_>, plan: &RoutePlan, trace: &PromptTrace) -> 
         let name = part.uuid.clone().unwrap_or_else(|| engine_image_id(&planned.hash));
         // vLLM hashes a uuid together with per-request processor/media kwargs.
         let identifier = if plan.images_rehashed { rehashed_image_id(&name, request) } else { name };
-        SimImage { offset: span.offset, len: span.len, identifier, feature_tokens: planned.feature_tokens }
+        SimImage {
+            offset: span.offset,
+            len: span.len,
+            identifier,
+            feature_tokens: planned.feature_tokens,
+            width: planned.width,
+            height: planned.height,
+        }
     });
     Some(named.collect())
 }

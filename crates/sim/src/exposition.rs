@@ -43,6 +43,17 @@ pub const SIM_IMAGE_ENCODED_TOKENS_TOTAL: &str = "sim_image_encoded_tokens_total
 pub const SIM_MM_PROCESSOR_CACHE_BYTES: &str = "sim_mm_processor_cache_bytes";
 /// Gauge (tokens): encoder outputs held by the encoder cache (simulator only).
 pub const SIM_ENCODER_CACHE_TOKENS: &str = "sim_encoder_cache_tokens";
+/// Counter (tokens) by `source`: vLLM ≥ 0.11's split of prompt tokens into `local_compute`,
+/// `local_cache_hit` and `external_kv_transfer` (pulled from a prefill engine by a KV connector).
+pub const VLLM_PROMPT_TOKENS_BY_SOURCE_TOTAL: &str = "vllm:prompt_tokens_by_source_total";
+/// Counter: decode legs that pulled their prompt's KV from a prefill engine (simulator only).
+pub const SIM_KV_TRANSFERS_TOTAL: &str = "sim_kv_transfers_total";
+/// Counter (items): encoder outputs loaded from `--ec-shared-storage` instead of encoded (simulator only).
+pub const SIM_EC_LOADS_TOTAL: &str = "sim_ec_loads_total";
+/// Counter (items): encoder outputs an encode sim wrote to `--ec-shared-storage` (simulator only).
+pub const SIM_EC_STORES_TOTAL: &str = "sim_ec_stores_total";
+/// Info gauge (value 1): the sim's `--role` as a label (simulator only).
+pub const SIM_ROLE_INFO: &str = "sim_role_info";
 
 /// Everything `/metrics` shows, read once per scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -58,6 +69,12 @@ pub(crate) struct Snapshot {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub cancelled: u64,
+    /// `--role`.
+    pub role: &'static str,
+    /// Prompt tokens pulled from prefill engines.
+    pub external_tokens: u64,
+    pub kv_transfers: u64,
+    pub ec_stores: u64,
     pub images: ImageCounts,
     pub processor_cache_bytes: u64,
     pub encoder_cache_tokens: u64,
@@ -142,7 +159,42 @@ pub(crate) fn render(s: &Snapshot) -> String {
         s.cancelled.to_string(),
     );
     render_sim_images(s, &labels, &mut metric);
+    render_disaggregated(s, &labels, &mut out);
     out
+}
+
+/// The prompt tokens by source (one family, three series) and the disaggregated legs' counters.
+fn render_disaggregated(s: &Snapshot, labels: &str, out: &mut String) {
+    let local_compute = s.prompt_tokens.saturating_sub(s.hits).saturating_sub(s.external_tokens);
+    let name = VLLM_PROMPT_TOKENS_BY_SOURCE_TOTAL;
+    let _ = write!(out, "# HELP {name} Number of prompt tokens by source.\n# TYPE {name} counter\n");
+    for (source, value) in
+        [("local_compute", local_compute), ("local_cache_hit", s.hits), ("external_kv_transfer", s.external_tokens)]
+    {
+        let _ = writeln!(out, "{name}{{{labels},source=\"{source}\"}} {value}");
+    }
+    let series: [(&str, &str, u64); 3] = [
+        (
+            SIM_KV_TRANSFERS_TOTAL,
+            "Decode requests that pulled their prompt's KV from a prefill engine.",
+            s.kv_transfers,
+        ),
+        (
+            SIM_EC_LOADS_TOTAL,
+            "Encoder outputs loaded from the EC shared storage instead of encoded.",
+            s.images.ec_loads,
+        ),
+        (SIM_EC_STORES_TOTAL, "Encoder outputs written to the EC shared storage.", s.ec_stores),
+    ];
+    for (name, help, value) in series {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {value}\n");
+    }
+    let name = SIM_ROLE_INFO;
+    let _ = write!(
+        out,
+        "# HELP {name} The simulated engine's disaggregated-serving role.\n# TYPE {name} gauge\n{name}{{{labels},role=\"{}\"}} 1\n",
+        s.role
+    );
 }
 
 /// The simulator's own image-cache series (vLLM exports no encoder-cache metric).
@@ -192,13 +244,40 @@ mod tests {
     fn every_sample_follows_help_and_type_and_escapes_labels() {
         let text = render(&Snapshot { model: "a\"b\\c".into(), kv_usage: 0.25, hits: 32, ..Default::default() });
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len() % 3, 0);
-        for chunk in lines.chunks(3) {
+        let families: Vec<&[&str]> = lines.split_inclusive(|l| !l.starts_with('#')).collect();
+        let mut families = families.into_iter().peekable();
+        while let Some(chunk) = families.next() {
+            assert_eq!(chunk.len(), 3, "HELP, TYPE, a sample: {chunk:?}");
             let name = chunk[0].strip_prefix("# HELP ").and_then(|r| r.split(' ').next()).expect("help");
             assert!(chunk[1].starts_with(&format!("# TYPE {name} ")), "{chunk:?}");
             assert!(chunk[2].starts_with(&format!("{name}{{")), "{chunk:?}");
+            // Further samples of the same family follow one per line.
+            while families.peek().is_some_and(|next| next.len() == 1) {
+                let sample = families.next().expect("peeked")[0];
+                assert!(sample.starts_with(&format!("{name}{{")), "{sample} after {name}");
+            }
         }
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"a\\\"b\\\\c\",engine=\"0\"} 0.25\n"), "{text}");
         assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"a\\\"b\\\\c\",engine=\"0\"} 32\n"));
+    }
+
+    #[test]
+    fn prompt_tokens_split_by_source() {
+        let s = Snapshot {
+            model: "m".into(),
+            prompt_tokens: 100,
+            hits: 32,
+            external_tokens: 60,
+            role: "decode",
+            ..Default::default()
+        };
+        let text = render(&s);
+        for (source, value) in [("local_compute", 8), ("local_cache_hit", 32), ("external_kv_transfer", 60)] {
+            let line = format!(
+                "vllm:prompt_tokens_by_source_total{{model_name=\"m\",engine=\"0\",source=\"{source}\"}} {value}\n"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(text.contains("sim_role_info{model_name=\"m\",engine=\"0\",role=\"decode\"} 1\n"), "{text}");
     }
 }

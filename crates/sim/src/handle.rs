@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::bootstrap;
 use crate::events;
-use crate::options::SimOptions;
+use crate::options::{Role, SimOptions};
 use crate::prompt::Prompter;
 use crate::server;
 use crate::stats::SimStats;
@@ -24,6 +25,17 @@ pub struct SimHandle {
     task: Option<tokio::task::JoinHandle<()>>,
     /// The event sockets' tasks; dropped (aborted, sockets closed) with the handle.
     events: Option<events::Sockets>,
+    /// SGLang prefill's bootstrap endpoint (`--bootstrap-port`): its bound port and its server task.
+    bootstrap: Option<(u16, Aborted)>,
+}
+
+/// A task aborted when this is dropped.
+struct Aborted(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborted {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// In-flight answers may finish within this time after a shutdown request…
@@ -45,6 +57,16 @@ impl SimHandle {
     /// A snapshot of the worker's counters.
     pub fn stats(&self) -> SimStats {
         self.state.stats()
+    }
+
+    /// The worker's `--role`.
+    pub fn role(&self) -> Role {
+        self.state.opts.role
+    }
+
+    /// The bound SGLang bootstrap port (the real port when `--bootstrap-port 0`), if one was asked for.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap.as_ref().map(|(port, _)| *port)
     }
 
     /// The bound KV-event PUB endpoint (`tcp://127.0.0.1:PORT`, the real port), if events are on.
@@ -122,10 +144,32 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
         }
         None => (None, None),
     };
+    let bootstrap_listener = match opts.bootstrap_port {
+        Some(port) => Some(
+            tokio::net::TcpListener::bind((opts.host.as_str(), port))
+                .await
+                .with_context(|| format!("sim: cannot bind the bootstrap port {}:{port}", opts.host))?,
+        ),
+        None => None,
+    };
+    let bootstrap_port = match &bootstrap_listener {
+        Some(l) => Some(l.local_addr().context("sim: no bootstrap address")?.port()),
+        None => None,
+    };
     let bound = sockets
         .as_ref()
         .map(|s| server::Bound { endpoint: &s.endpoint, replay_endpoint: s.replay_endpoint.as_deref() });
-    let state = Arc::new(server::AppState::new(opts, prompter, publisher, bound.as_ref()));
+    let state = Arc::new(server::AppState::new(opts, prompter, publisher, bound.as_ref(), bootstrap_port));
+    let bootstrap = bootstrap_listener.zip(bootstrap_port).map(|(listener, port)| {
+        let app = bootstrap::router(state.rooms.clone());
+        let stopping = state.stopping();
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopping).await {
+                tracing::warn!(error = %e, "sim bootstrap server ended with an error");
+            }
+        });
+        (port, Aborted(task))
+    });
     let app = server::router(state.clone());
     let stopping = state.stopping();
     let task = tokio::spawn(async move {
@@ -134,8 +178,8 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
             tracing::warn!(error = %e, "sim server ended with an error");
         }
     });
-    tracing::info!(name = %state.opts.name, %addr, "simulated worker listening");
-    Ok(SimHandle { addr, state, task: Some(task), events: sockets })
+    tracing::info!(name = %state.opts.name, %addr, role = state.opts.role.as_str(), "simulated worker listening");
+    Ok(SimHandle { addr, state, task: Some(task), events: sockets, bootstrap })
 }
 
 /// `mmrouter sim`: serves until `shutdown` resolves (e.g. Ctrl-C), then stops gracefully.
@@ -146,6 +190,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let handle = spawn(opts, prompter).await?;
     let mut banner = format!("mmrouter sim `{}` listening on {}\n", handle.name(), handle.url());
+    if handle.role() != Role::Both {
+        banner.push_str(&format!("mmrouter sim `{}` role: {}\n", handle.name(), handle.role().as_str()));
+    }
+    if let Some(port) = handle.bootstrap_port() {
+        banner.push_str(&format!("mmrouter sim `{}` bootstrap on port {port}\n", handle.name()));
+    }
     if let Some(endpoint) = handle.kv_events_endpoint() {
         let replay = handle.kv_events_replay_endpoint().unwrap_or("none");
         banner.push_str(&format!(

@@ -23,17 +23,27 @@
 //! publication, a restart that resets the sequence), so the router's precise mode can be tested end to
 //! end.
 //!
+//! With `--role` it plays one leg of disaggregated serving (`disagg`): a vLLM prefill engine that
+//! answers one token and the NIXL `kv_transfer_params`, a decode engine that pulls the prompt's KV
+//! (`--transfer-us-per-token`) instead of computing it, an E/PD encoder (`ec_transfer_params`,
+//! `--ec-shared-storage`: `ec_storage`), and SGLang's prefill and decode legs, which meet through
+//! a bootstrap endpoint (`bootstrap`).
+//!
 //! A dev tool: it depends on `mmrouter-core`, never the other way round.
 //!
 //! Layout: `options` and `error` (what a sim is told and how it refuses), `prompt` (the [`Prompter`]
-//! seam), `handle` (start and stop), `server` (the HTTP answers), `params` (a request's answer fields,
+//! seam), `handle` (start and stop), `server` (the HTTP answers), `disagg`, `bootstrap` and
+//! `ec_storage` (the disaggregated legs), `params` (a request's answer fields,
 //! checked as vLLM checks them), `answer` (each choice's tokens and JSON), `schema` (an instance of a
 //! JSON schema), `cache`, `mm_cache`, [`timing`],
 //! `events`, `exposition`, `stats`; `ExactPrompter` and [`WordPrompter`] in `exact` and `prompter`.
 //! This file only re-exports: the modules import each other by the defining file, never through here.
 
 mod answer;
+mod bootstrap;
 mod cache;
+mod disagg;
+mod ec_storage;
 mod error;
 mod events;
 mod exact;
@@ -53,7 +63,7 @@ pub use error::SimError;
 pub use exact::{engine_image_id, run_exact, spawn_exact};
 pub use handle::{spawn, SimHandle};
 pub use mmrouter_core::routing::residency::processor_item_bytes;
-pub use options::{KvEventsFormat, SimOptions, DEFAULT_MODEL};
+pub use options::{KvEventsFormat, Role, SimOptions, DEFAULT_MODEL};
 pub use prompt::{Prompter, SimImage, SimPrompt};
 pub use prompter::WordPrompter;
 pub use stats::SimStats;

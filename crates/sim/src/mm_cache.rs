@@ -39,6 +39,8 @@ pub(crate) struct ImageCounts {
     pub preprocessed_tokens: u64,
     /// Encoder tokens computed by the vision encoder.
     pub encoded_tokens: u64,
+    /// Encoder-cache misses served from `--ec-shared-storage` instead of the encoder.
+    pub ec_loads: u64,
 }
 
 /// Both caches of one worker and their counts.
@@ -59,15 +61,24 @@ impl ImageCaches {
     }
 
     /// Queries (and fills) both caches for a prompt's images, in prompt order, whose first
-    /// `cached_tokens` tokens come from the prefix cache; returns the work left.
-    pub fn admit(&mut self, images: &[SimImage], cached_tokens: u32) -> ImageWork {
+    /// `cached_tokens` tokens come from the prefix cache; returns the work left. `shared[i]`: image
+    /// `i`'s encoder output is in `--ec-shared-storage`, loaded on an encoder-cache miss instead of
+    /// encoded (missing entries: not there).
+    pub fn admit(&mut self, images: &[SimImage], cached_tokens: u32, shared: &[bool]) -> ImageWork {
         let mut work = ImageWork::default();
-        for image in images {
+        for (i, image) in images.iter().enumerate() {
             let tokens = u64::from(image.feature_tokens);
             if !self.processed(image) {
                 work.preprocess_tokens += tokens;
             }
-            if !inside_prefix(image, cached_tokens) && !self.encoded(image) {
+            if inside_prefix(image, cached_tokens) || self.encoded(image) {
+                continue;
+            }
+            if shared.get(i).copied().unwrap_or(false) {
+                // vLLM's ECExampleConnector logs the same line when a consumer loads an image.
+                tracing::debug!("Success load encoder cache for hash {}", image.identifier);
+                self.counts.ec_loads += 1;
+            } else {
                 work.encode_tokens += tokens;
             }
         }
@@ -126,15 +137,15 @@ mod tests {
     use super::*;
 
     fn image(id: &str, offset: u32, tokens: u32) -> SimImage {
-        SimImage { offset, len: tokens, identifier: id.to_owned(), feature_tokens: tokens }
+        SimImage { offset, len: tokens, identifier: id.to_owned(), feature_tokens: tokens, ..SimImage::default() }
     }
 
     #[test]
     fn repeated_image_hits_both_caches() {
         let mut caches = ImageCaches::new(1 << 30, 16_384);
-        let first = caches.admit(&[image("x", 10, 300)], 0);
+        let first = caches.admit(&[image("x", 10, 300)], 0, &[]);
         assert_eq!(first, ImageWork { preprocess_tokens: 300, encode_tokens: 300 });
-        let second = caches.admit(&[image("x", 50, 300)], 0);
+        let second = caches.admit(&[image("x", 50, 300)], 0, &[]);
         assert_eq!(second, ImageWork::default());
         let c = caches.counts();
         assert_eq!((c.processor_queries, c.processor_hits, c.encoder_queries, c.encoder_hits), (2, 1, 2, 1));
@@ -146,9 +157,9 @@ mod tests {
     fn processor_cache_evicts_by_bytes() {
         // Room for one 300-token image and a half: the second evicts the first.
         let mut caches = ImageCaches::new(processor_item_bytes(450), 16_384);
-        caches.admit(&[image("a", 0, 300)], 0);
-        caches.admit(&[image("b", 0, 300)], 0);
-        let again = caches.admit(&[image("a", 0, 300)], 0);
+        caches.admit(&[image("a", 0, 300)], 0, &[]);
+        caches.admit(&[image("b", 0, 300)], 0, &[]);
+        let again = caches.admit(&[image("a", 0, 300)], 0, &[]);
         assert_eq!(again.preprocess_tokens, 300, "a was evicted from the processor cache");
         assert_eq!(again.encode_tokens, 0, "the encoder cache still holds it");
         assert_eq!(caches.processor_bytes(), processor_item_bytes(300));
@@ -157,9 +168,9 @@ mod tests {
     #[test]
     fn encoder_cache_evicts_by_tokens() {
         let mut caches = ImageCaches::new(1 << 30, 500);
-        caches.admit(&[image("a", 0, 300)], 0);
-        caches.admit(&[image("b", 0, 300)], 0);
-        let again = caches.admit(&[image("a", 0, 300)], 0);
+        caches.admit(&[image("a", 0, 300)], 0, &[]);
+        caches.admit(&[image("b", 0, 300)], 0, &[]);
+        let again = caches.admit(&[image("a", 0, 300)], 0, &[]);
         assert_eq!(again, ImageWork { preprocess_tokens: 0, encode_tokens: 300 });
         assert_eq!(caches.encoder_tokens(), 300);
     }
@@ -168,18 +179,32 @@ mod tests {
     fn an_image_inside_the_cached_prefix_is_not_encoded_nor_looked_up() {
         let mut caches = ImageCaches::new(0, 0);
         // Run [16, 316): inside a 320-token cached prefix, not inside a 315-token one.
-        let inside = caches.admit(&[image("a", 16, 300)], 320);
+        let inside = caches.admit(&[image("a", 16, 300)], 320, &[]);
         assert_eq!(inside, ImageWork { preprocess_tokens: 300, encode_tokens: 0 }, "the front end still processes it");
-        let partly = caches.admit(&[image("a", 16, 300)], 315);
+        let partly = caches.admit(&[image("a", 16, 300)], 315, &[]);
         assert_eq!(partly.encode_tokens, 300, "a partly cached image is encoded whole");
         let c = caches.counts();
         assert_eq!((c.processor_queries, c.encoder_queries), (0, 1), "disabled processor cache: no queries");
     }
 
     #[test]
+    fn an_image_in_the_shared_storage_is_loaded_not_encoded() {
+        let mut caches = ImageCaches::new(1 << 30, 16_384);
+        let work = caches.admit(&[image("a", 0, 300), image("b", 400, 200)], 0, &[true, false]);
+        assert_eq!(work, ImageWork { preprocess_tokens: 500, encode_tokens: 200 });
+        let again = caches.admit(&[image("a", 0, 300)], 0, &[true]);
+        assert_eq!(again, ImageWork::default(), "loaded once, then an encoder-cache hit");
+        let c = caches.counts();
+        assert_eq!((c.ec_loads, c.encoder_queries, c.encoder_hits, c.encoded_tokens), (1, 3, 1, 200));
+        let inside = caches.admit(&[image("c", 0, 100)], 200, &[true]);
+        assert_eq!((inside.encode_tokens, caches.counts().ec_loads), (0, 1), "inside the prefix: no load");
+    }
+
+    #[test]
     fn encoder_work_counts_feature_tokens_not_the_run() {
         let mut caches = ImageCaches::new(0, 16_384);
-        let wrapped = SimImage { offset: 0, len: 260, identifier: "g".into(), feature_tokens: 256 };
-        assert_eq!(caches.admit(&[wrapped], 0), ImageWork { preprocess_tokens: 256, encode_tokens: 256 });
+        let wrapped =
+            SimImage { offset: 0, len: 260, identifier: "g".into(), feature_tokens: 256, ..SimImage::default() };
+        assert_eq!(caches.admit(&[wrapped], 0, &[]), ImageWork { preprocess_tokens: 256, encode_tokens: 256 });
     }
 }

@@ -33,6 +33,12 @@ const DEFAULT_IMAGE_PREPROCESS_US_PER_TOKEN: u64 = 5;
 /// output token) costs roughly a third to a half of the LLM's prefill per token, so half of the
 /// default `--prefill-us-per-token` (20). An assumption to tune, not a measurement.
 const DEFAULT_IMAGE_ENCODE_US_PER_TOKEN: u64 = 10;
+/// Assumed cost of pulling one prompt token's KV from a prefill engine (NIXL over RDMA). A 7–8B model
+/// holds ~128 KiB of KV per token (bf16, GQA); at the ~50 GB/s of one 400 Gb/s NIC that is ~2.5 µs, so
+/// a tenth of the 20 µs/token prefill default. An assumption to tune, not a measurement.
+const DEFAULT_TRANSFER_US_PER_TOKEN: u64 = 2;
+/// SGLang's decode waits this long for its prefill's bootstrap before it fails the request.
+const DEFAULT_BOOTSTRAP_TIMEOUT_MS: u64 = 30_000;
 
 /// Wire shape of the published KV events.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +50,32 @@ pub enum KvEventsFormat {
     VllmMap,
     /// SGLang 0.5.19: positional arrays, i64 hashes, images as pad token ids, no extra keys.
     Sglang,
+}
+
+/// What a simulated engine does with a request (disaggregated serving, docs/disaggregated.md).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Whole requests (aggregated serving).
+    #[default]
+    Both,
+    /// Prefills and hands its KV over: vLLM's `do_remote_decode` leg, SGLang's prefill leg.
+    Prefill,
+    /// Pulls the prefill's KV, then decodes: vLLM's `do_remote_prefill` leg, SGLang's decode leg.
+    Decode,
+    /// Runs the vision encoder only (vLLM E/PD's encoder, ECExampleConnector producer).
+    Encode,
+}
+
+impl Role {
+    /// The role's name, as `--role` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Both => "both",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+            Self::Encode => "encode",
+        }
+    }
 }
 
 /// Options of one simulated worker (`mmrouter sim …`). [`Default`] equals the CLI defaults.
@@ -105,6 +137,22 @@ pub struct SimOptions {
     /// Cap on output tokens per request.
     #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_TOKENS)]
     pub max_output_tokens: u32,
+    /// Disaggregated-serving role: `both` (whole requests), `prefill`, `decode` or `encode`.
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    pub role: Role,
+    /// Cost of pulling one prompt token's KV from a prefill engine (decode role), in microseconds.
+    #[arg(long, default_value_t = DEFAULT_TRANSFER_US_PER_TOKEN)]
+    pub transfer_us_per_token: u64,
+    /// ECExampleConnector's shared storage: an encode sim writes one file per image there; any other
+    /// role skips the vision encoder for an image whose file exists.
+    #[arg(long)]
+    pub ec_shared_storage: Option<std::path::PathBuf>,
+    /// SGLang prefill: serve the bootstrap endpoint on this port (0 = ephemeral). Prefill role only.
+    #[arg(long)]
+    pub bootstrap_port: Option<u16>,
+    /// SGLang decode: how long to wait for the prefill's bootstrap before answering 500.
+    #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_TIMEOUT_MS)]
+    pub bootstrap_timeout_ms: u64,
     /// Fault: fraction (0..1) of completion requests answered with `--error-status` (500 by default).
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,
@@ -199,6 +247,11 @@ impl Default for SimOptions {
             encoder_cache_tokens: DEFAULT_ENCODER_CACHE_TOKENS,
             default_output_tokens: DEFAULT_OUTPUT_TOKENS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+            role: Role::Both,
+            transfer_us_per_token: DEFAULT_TRANSFER_US_PER_TOKEN,
+            ec_shared_storage: None,
+            bootstrap_port: None,
+            bootstrap_timeout_ms: DEFAULT_BOOTSTRAP_TIMEOUT_MS,
             error_rate: 0.0,
             error_status: 500,
             error_retry_after_secs: None,
@@ -262,6 +315,12 @@ impl SimOptions {
         }
         if !(0.0..=MAX_MM_PROCESSOR_CACHE_GB).contains(&self.mm_processor_cache_gb) {
             return Err(invalid("mm-processor-cache-gb", "must be a number of GiB between 0 and 1024"));
+        }
+        if self.bootstrap_port.is_some() && self.role != Role::Prefill {
+            return Err(invalid("bootstrap-port", "needs --role prefill"));
+        }
+        if self.bootstrap_timeout_ms == 0 {
+            return Err(invalid("bootstrap-timeout-ms", "must be at least 1"));
         }
         Ok(())
     }
@@ -374,5 +433,36 @@ mod tests {
         assert_eq!(sim.fetch_allow_hosts, vec!["images.test".to_owned()]);
         let vllm = Cli::try_parse_from(["sim", "--kv-events-format", "vllm-array"]).expect("parse");
         assert_eq!(vllm.sim.kv_events_format, KvEventsFormat::VllmArray);
+    }
+
+    #[test]
+    fn cli_parses_role_options() {
+        let parsed = Cli::try_parse_from([
+            "sim",
+            "--role",
+            "prefill",
+            "--bootstrap-port",
+            "0",
+            "--transfer-us-per-token",
+            "3",
+            "--ec-shared-storage",
+            "/tmp/ec",
+            "--bootstrap-timeout-ms",
+            "50",
+        ])
+        .expect("parse");
+        let sim = parsed.sim;
+        assert_eq!((sim.role, sim.bootstrap_port, sim.transfer_us_per_token), (Role::Prefill, Some(0), 3));
+        assert_eq!((sim.ec_shared_storage.as_deref(), sim.bootstrap_timeout_ms), (Some("/tmp/ec".as_ref()), 50));
+        assert!(sim.validate().is_ok());
+        for role in ["both", "decode", "encode"] {
+            let parsed = Cli::try_parse_from(["sim", "--role", role]).expect("parse");
+            assert_eq!(parsed.sim.role.as_str(), role);
+        }
+        assert!(Cli::try_parse_from(["sim", "--role", "router"]).is_err());
+        let opts = SimOptions { role: Role::Decode, bootstrap_port: Some(0), ..SimOptions::default() };
+        assert!(opts.validate().expect_err("decode bootstrap").to_string().contains("--bootstrap-port"));
+        let opts = SimOptions { bootstrap_timeout_ms: 0, ..SimOptions::default() };
+        assert!(opts.validate().expect_err("zero timeout").to_string().contains("--bootstrap-timeout-ms"));
     }
 }

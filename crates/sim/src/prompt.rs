@@ -29,6 +29,9 @@ pub struct SimImage {
     /// Encoder (feature) tokens of the image: what the vision encoder outputs and the image caches
     /// are sized by (the run's `len` for the Qwen family; less where the run adds wrapper tokens).
     pub feature_tokens: u32,
+    /// The image's size in pixels, as its header says (the encoder's `image_grid_thw` metadata).
+    pub width: u32,
+    pub height: u32,
 }
 
 /// Turns a request into the prompt the simulated model sees.

@@ -7,6 +7,11 @@
 //! vLLM does) and do the waiting inside the body stream, so a client that goes away drops the stream
 //! and is counted as cancelled.
 //!
+//! Disaggregated serving (`--role`, [`crate::disagg`]) changes three steps: a decode leg pulls its
+//! uncached tokens instead of computing them (and waits for its SGLang prefill's room first), a vLLM
+//! prefill leg answers one token and the `kv_transfer_params` of its blocks, and an encode sim only
+//! runs the vision encoder. `GET /sim/role` names the role.
+//!
 //! Admin: `POST /sim/restart` simulates an engine restart — the cache is emptied and the KV-event seq
 //! starts again from 0, without an `AllBlocksCleared` (a restarted vLLM sends none).
 
@@ -29,7 +34,10 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::answer::{Answer, Budget, Shape};
+use crate::bootstrap::{self, Rooms};
 use crate::cache::PrefixCache;
+use crate::disagg::{self, Bootstrap, Handoff, Leg};
+use crate::ec_storage;
 use crate::error::SimError;
 use crate::events::Publisher;
 use crate::exposition::{self, Snapshot};
@@ -38,7 +46,7 @@ use crate::options::SimOptions;
 use crate::params::{Flavour, Params};
 use crate::prompt::{Prompter, SimPrompt};
 use crate::stats::SimStats;
-use crate::timing::{decode_delay, ttft_alone, ttft_queued, Dice, ImageWork};
+use crate::timing::{decode_delay, ttft_alone, ttft_pulled, ttft_queued, Dice, ImageWork};
 
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
@@ -56,6 +64,12 @@ struct Counters {
     cancelled: AtomicU64,
     errors_injected: AtomicU64,
     streams_dropped: AtomicU64,
+    /// Prompt tokens whose KV a decode leg pulled from its prefill engine.
+    external_tokens: AtomicU64,
+    /// Decode legs that pulled KV.
+    kv_transfers: AtomicU64,
+    /// Files an encode sim wrote to `--ec-shared-storage`.
+    ec_stores: AtomicU64,
 }
 
 pub(crate) struct AppState {
@@ -74,6 +88,14 @@ pub(crate) struct AppState {
     error_rate: AtomicU64,
     counters: Counters,
     next_id: AtomicU64,
+    /// The engine id a vLLM prefill leg reports (`remote_engine_id`): one per sim, a uuid as vLLM's.
+    engine_id: String,
+    /// Next block id a vLLM prefill leg reports (the sim keeps no block table: ids are opaque).
+    next_block: AtomicU64,
+    /// SGLang prefill: the rooms whose prefill is over (served on `--bootstrap-port`).
+    pub rooms: Arc<Rooms>,
+    /// The bound `--bootstrap-port`.
+    bootstrap_port: Option<u16>,
     /// When the worker's prefill compute is next free (prefill contention).
     prefill_free_at: Mutex<tokio::time::Instant>,
     /// Set when the server should stop accepting (graceful phase).
@@ -88,8 +110,13 @@ impl AppState {
         prompter: Arc<dyn Prompter>,
         events: Option<Publisher>,
         bound: Option<&Bound>,
+        bootstrap_port: Option<u16>,
     ) -> Self {
         Self {
+            engine_id: engine_id(),
+            next_block: AtomicU64::new(0),
+            rooms: Arc::new(Rooms::default()),
+            bootstrap_port,
             prompter,
             event_sources: event_sources(&opts, bound),
             cache: Mutex::new(PrefixCache::new(opts.block_size, opts.kv_blocks)),
@@ -141,6 +168,10 @@ impl AppState {
             encoder_cache_hits: images.encoder_hits,
             image_preprocessed_tokens: images.preprocessed_tokens,
             image_encoded_tokens: images.encoded_tokens,
+            external_kv_tokens: c.external_tokens.load(Relaxed),
+            kv_transfers: c.kv_transfers.load(Relaxed),
+            ec_loads: images.ec_loads,
+            ec_stores: c.ec_stores.load(Relaxed),
             kv_batches: self.events.as_ref().map_or(0, |e| e.counters.batches.load(Relaxed)),
             kv_batches_dropped: self.events.as_ref().map_or(0, |e| e.counters.dropped.load(Relaxed)),
             kv_batches_overflowed: self.events.as_ref().map_or(0, |e| e.counters.overflowed.load(Relaxed)),
@@ -212,8 +243,8 @@ impl AppState {
         }
     }
 
-    /// Waits for a generation slot, then takes the prefix hit and pins the prompt's blocks.
-    async fn admit(self: &Arc<Self>, prompt: &Arc<SimPrompt>) -> Result<Admitted, SimError> {
+    /// Waits for a generation slot (`--max-running`), counted as waiting, then as running.
+    async fn slot(self: &Arc<Self>) -> Result<(OwnedSemaphorePermit, Gauge), SimError> {
         let waiting = Gauge::up(self, |c| &c.waiting);
         let mut cut = self.cut.subscribe();
         let permit = tokio::select! {
@@ -221,7 +252,13 @@ impl AppState {
             _ = cut.wait_for(|cut| *cut) => return Err(SimError::ShuttingDown),
         };
         drop(waiting);
-        let running = Gauge::up(self, |c| &c.running);
+        Ok((permit, Gauge::up(self, |c| &c.running)))
+    }
+
+    /// Waits for a generation slot, then takes the prefix hit and pins the prompt's blocks; a decode
+    /// leg's blocks are pulled, and join the cache (and its events) as computed ones would.
+    async fn admit(self: &Arc<Self>, prompt: &Arc<SimPrompt>, leg: &Leg) -> Result<Admitted, SimError> {
+        let (permit, running) = self.slot().await?;
         let (admission, epoch) = {
             let mut cache = self.cache();
             let admission = cache.admit(prompt.prompt_tokens, &prompt.block_keys);
@@ -231,17 +268,71 @@ impl AppState {
             (admission, cache.epoch())
         };
         let cached = admission.cached_tokens;
-        let image_work = self.images().admit(&prompt.images, cached);
+        let uncached = prompt.prompt_tokens.saturating_sub(cached);
+        let pulled = leg.pulls_kv().then_some(uncached);
+        // Pulled KV holds the images' tokens: vLLM runs no encoder for inputs inside computed tokens.
+        let image_prefix = if pulled.is_some() { prompt.prompt_tokens } else { cached };
+        let shared = ec_storage::present(self.opts.ec_shared_storage.as_deref(), &prompt.images);
+        let image_work = self.images().admit(&prompt.images, image_prefix, &shared);
         self.counters.prompt_tokens.fetch_add(u64::from(prompt.prompt_tokens), Relaxed);
         self.counters.cached_tokens.fetch_add(u64::from(cached), Relaxed);
+        if let Some(pulled) = pulled {
+            self.counters.external_tokens.fetch_add(u64::from(pulled), Relaxed);
+            self.counters.kv_transfers.fetch_add(1, Relaxed);
+        }
         Ok(Admitted {
             cached_tokens: cached,
-            uncached_tokens: prompt.prompt_tokens.saturating_sub(cached),
+            uncached_tokens: uncached,
+            pulled,
             image_work,
             _lease: CacheLease { state: self.clone(), pinned: admission.pinned, epoch },
             _running: running,
             _slot: permit,
         })
+    }
+
+    /// Time to first token of an admitted request: its prefill queued on the compute, or its pull.
+    fn first_token(&self, admitted: &Admitted) -> Duration {
+        match admitted.pulled {
+            Some(pulled) => ttft_pulled(pulled, admitted.image_work, &self.opts),
+            None => self.ttft_now(admitted.uncached_tokens, admitted.image_work),
+        }
+    }
+
+    /// The prompt of `leg` is prefilled: an SGLang prefill's room is done for its decode leg.
+    fn prefilled(&self, leg: &Leg) {
+        if let Leg::SglangPrefill { room } = leg {
+            self.rooms.finish(*room);
+        }
+    }
+
+    /// SGLang decode: waits until the prefill's bootstrap says the room is done (or a shutdown).
+    async fn wait_for_prefill(&self, b: &Bootstrap) -> Result<(), SimError> {
+        let mut cut = self.cut.subscribe();
+        if *cut.borrow_and_update() {
+            return Err(SimError::ShuttingDown);
+        }
+        tokio::select! {
+            done = bootstrap::wait(b, Duration::from_millis(self.opts.bootstrap_timeout_ms)) => done,
+            _ = cut.wait_for(|cut| *cut) => Err(SimError::ShuttingDown),
+        }
+    }
+
+    /// A vLLM prefill leg's `kv_transfer_params`: fresh opaque block ids for every prompt block, the
+    /// partial last one included (vLLM hands over all of them).
+    fn handoff(&self, job: &Job, cached_tokens: u32) -> Value {
+        let blocks = u64::from(job.prompt.prompt_tokens).div_ceil(self.opts.block_size as u64);
+        let first = self.next_block.fetch_add(blocks, Relaxed);
+        let capacity = (self.opts.kv_blocks as u64).max(1);
+        let block_ids = (first..first + blocks).map(|b| b % capacity).collect();
+        Handoff {
+            engine_id: &self.engine_id,
+            request_id: &job.id,
+            block_ids,
+            prompt_tokens: job.prompt.prompt_tokens,
+            cached_tokens,
+        }
+        .json()
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -264,6 +355,10 @@ impl AppState {
             prompt_tokens,
             generation_tokens: c.generation_tokens.load(Relaxed),
             cancelled: c.cancelled.load(Relaxed),
+            role: self.opts.role.as_str(),
+            external_tokens: c.external_tokens.load(Relaxed),
+            kv_transfers: c.kv_transfers.load(Relaxed),
+            ec_stores: c.ec_stores.load(Relaxed),
             images,
             processor_cache_bytes,
             encoder_cache_tokens,
@@ -335,6 +430,8 @@ impl Drop for CacheLease {
 struct Admitted {
     cached_tokens: u32,
     uncached_tokens: u32,
+    /// A decode leg: the uncached tokens, pulled rather than computed.
+    pulled: Option<u32>,
     image_work: ImageWork,
     _lease: CacheLease,
     _running: Gauge,
@@ -384,6 +481,8 @@ struct Job {
     include_usage: bool,
     /// Stream only: cut the connection before this token (`--drop-mid-stream-rate`).
     drop_at: Option<u32>,
+    /// The disaggregated-serving leg this request is.
+    leg: Leg,
 }
 
 /// The exact request body bytes, buffered once by [`hash_body`].
@@ -400,6 +499,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/version", get(version))
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/sim/restart", post(restart))
+        .route("/sim/role", get(role))
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
         .with_state(state)
@@ -478,6 +578,8 @@ impl IntoResponse for SimError {
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
             Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+            Self::BootstrapHostRefused { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            Self::BootstrapTimeout { .. } | Self::EcStorage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
             Self::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             Self::InjectedError | Self::StreamDropped | Self::InvalidOption { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
@@ -518,6 +620,25 @@ async fn restart(State(state): State<Arc<AppState>>) -> Json<Value> {
     state.restart();
     tracing::info!(name = %state.opts.name, "sim: simulated engine restart (cache cleared, kv event seq reset)");
     Json(json!({"restarted": true}))
+}
+
+/// The sim's role, and what a disaggregated leg needs to reach it.
+async fn role(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "role": state.opts.role.as_str(),
+        "engine_id": state.engine_id,
+        "bootstrap_port": state.bootstrap_port,
+        "ec_shared_storage": state.opts.ec_shared_storage,
+    }))
+}
+
+/// A uuid4-shaped engine id, as vLLM's `engine_id`.
+fn engine_id() -> String {
+    let mut b = rand::random::<u128>().to_be_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex(&b);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -585,7 +706,20 @@ async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Respo
         state.counters.errors_injected.fetch_add(1, Relaxed);
         return injected_error(&state.opts);
     }
-    let tracker = Tracker::new(&state);
+    let mut tracker = Tracker::new(&state);
+    if let Leg::SglangDecode(b) = &job.leg {
+        if let Err(e) = state.wait_for_prefill(b).await {
+            // Answered, not abandoned by the client.
+            tracker.finish();
+            return e.into_response();
+        }
+    }
+    if job.leg == Leg::Encode {
+        return match answer_encode(&state, &job, tracker).await {
+            Ok(body) => Json(body).into_response(),
+            Err(e) => e.into_response(),
+        };
+    }
     if job.stream {
         return stream_response(state, job, tracker);
     }
@@ -614,16 +748,23 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
     let opts = &state.opts;
     // vLLM validates the request before it renders the prompt.
     let params = Params::read(endpoint.flavour(), &body)?;
+    let leg = disagg::leg(opts.role, &body)?;
     let (output_tokens, finish_reason) = output_tokens(endpoint, &body, opts)?;
     let cap = if finish_reason == "length" { output_tokens } else { opts.max_output_tokens };
-    let budget = Budget { text: output_tokens, text_finish: finish_reason, cap };
-    let answer = Answer::new(&params, budget, endpoint.shape());
-    let stream = match body.get("stream") {
+    let mut budget = Budget { text: output_tokens, text_finish: finish_reason, cap };
+    let mut stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(SimError::InvalidField { field: "stream", reason: "must be a boolean".to_owned() }),
     };
-    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    // A vLLM prefill leg ends after its first token and answers whole; so does an encoder.
+    if matches!(leg, Leg::VllmPrefill | Leg::Encode) {
+        budget = Budget { text: 1, text_finish: "length", cap: 1 };
+        stream = false;
+    }
+    let answer = Answer::new(&params, budget, endpoint.shape());
+    let include_usage =
+        stream && body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     let model = body.get("model").and_then(Value::as_str).unwrap_or(&opts.model).to_owned();
     let prompt = state.prompter.prompt(endpoint.path(), &body, raw, opts.block_size).map_err(SimError::Prompt)?;
     let drop_at = (stream && state.dice.roll(opts.drop_mid_stream_rate)).then_some(answer.longest() / 2);
@@ -642,6 +783,7 @@ fn prepare(state: &AppState, endpoint: Endpoint, raw: &[u8]) -> Result<Job, SimE
         stream,
         include_usage,
         drop_at,
+        leg,
     })
 }
 
@@ -670,24 +812,58 @@ fn output_tokens(endpoint: Endpoint, body: &Value, opts: &SimOptions) -> Result<
 }
 
 async fn answer_whole(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
-    let admitted = state.admit(&job.prompt).await?;
+    let admitted = state.admit(&job.prompt, &job.leg).await?;
+    state.pause(state.first_token(&admitted)).await?;
+    state.prefilled(&job.leg);
     // The choices decode side by side: the longest sets the time.
     let decodes = job.answer.longest().saturating_sub(1);
-    let total = state
-        .ttft_now(admitted.uncached_tokens, admitted.image_work)
-        .saturating_add(decode_delay(&state.opts).saturating_mul(decodes));
-    state.pause(total).await?;
+    state.pause(decode_delay(&state.opts).saturating_mul(decodes)).await?;
     state.counters.generation_tokens.fetch_add(u64::from(job.answer.tokens()), Relaxed);
     tracker.finish();
     let usage = usage(job, admitted.cached_tokens, job.answer.tokens(), state.opts.usage_drift);
-    Ok(json!({
+    let mut body = whole_body(job, job.answer.whole(), usage);
+    if job.leg == Leg::VllmPrefill {
+        body["kv_transfer_params"] = state.handoff(job, admitted.cached_tokens);
+    }
+    Ok(body)
+}
+
+fn whole_body(job: &Job, choices: Vec<Value>, usage: Value) -> Value {
+    json!({
         "id": job.id,
         "object": match job.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
         "created": job.created,
         "model": job.model,
-        "choices": job.answer.whole(),
+        "choices": choices,
         "usage": usage,
-    }))
+    })
+}
+
+/// An encoder's answer (vLLM E/PD): the images preprocessed and encoded unless its own caches hold
+/// them, nothing prefilled nor cached, written to the shared storage; empty content and the images'
+/// `ec_transfer_params`.
+async fn answer_encode(state: &Arc<AppState>, job: &Job, mut tracker: Tracker) -> Result<Value, SimError> {
+    let (_slot, _running) = state.slot().await?;
+    let images = &job.prompt.images;
+    let work = state.images().admit(images, 0, &[]);
+    state.pause(state.ttft_now(0, work)).await?;
+    if let Some(dir) = state.opts.ec_shared_storage.clone() {
+        let images = images.clone();
+        let stored = tokio::task::spawn_blocking(move || ec_storage::store(&dir, &images))
+            .await
+            .map_err(|e| SimError::EcStorage(e.to_string()))?
+            .map_err(|e| SimError::EcStorage(e.to_string()))?;
+        state.counters.ec_stores.fetch_add(stored, Relaxed);
+    }
+    tracker.finish();
+    let index = |s: &crate::answer::Script| s.index;
+    let choices = job.answer.choices.iter().map(|s| match job.endpoint {
+        Endpoint::Chat => json!({"index": index(s), "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "length"}),
+        Endpoint::Completion => json!({"index": index(s), "text": "", "logprobs": null, "finish_reason": "length"}),
+    });
+    let mut body = whole_body(job, choices.collect(), usage(job, 0, 0, state.opts.usage_drift));
+    body["ec_transfer_params"] = disagg::ec_transfer_params(images);
+    Ok(body)
 }
 
 /// OpenAI usage; `usage_drift` skews the reported prompt tokens (never below zero).
@@ -742,15 +918,14 @@ impl Generation {
         loop {
             match self.step {
                 Step::Admit => {
-                    let admitted = match self.state.admit(&self.job.prompt).await {
+                    let admitted = match self.state.admit(&self.job.prompt, &self.job.leg).await {
                         Ok(a) => a,
                         Err(e) => return Some(Err(e)),
                     };
-                    if let Err(e) =
-                        self.state.pause(self.state.ttft_now(admitted.uncached_tokens, admitted.image_work)).await
-                    {
+                    if let Err(e) = self.state.pause(self.state.first_token(&admitted)).await {
                         return Some(Err(e));
                     }
+                    self.state.prefilled(&self.job.leg);
                     self.admitted = Some(admitted);
                     self.step = Step::Token(0);
                     // vLLM opens a chat stream with the assistant role, one chunk per choice; completions
@@ -861,6 +1036,16 @@ mod tests {
         assert_eq!(chat(json!({"max_tokens": "3"})).expect_err("string").label(), "invalid_field");
         let comp = output_tokens(Endpoint::Completion, &json!({"max_completion_tokens": 9}), &opts);
         assert_eq!(comp.expect("ignored on completions"), (7, "stop"));
+    }
+
+    #[test]
+    fn engine_ids_are_uuid4() {
+        let id = engine_id();
+        let parts: Vec<usize> = id.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "{id}");
+        assert_eq!(id.as_bytes()[14], b'4', "{id}");
+        assert!(matches!(id.as_bytes()[19], b'8' | b'9' | b'a' | b'b'), "{id}");
+        assert_ne!(id, engine_id());
     }
 
     #[test]

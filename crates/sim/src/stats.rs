@@ -31,6 +31,14 @@ pub struct SimStats {
     pub image_preprocessed_tokens: u64,
     /// Encoder tokens the simulated vision encoder computed.
     pub image_encoded_tokens: u64,
+    /// Prompt tokens a decode leg pulled from its prefill engine (`external_kv_transfer`).
+    pub external_kv_tokens: u64,
+    /// Decode legs that pulled KV.
+    pub kv_transfers: u64,
+    /// Images whose encoder output was loaded from `--ec-shared-storage` instead of encoded.
+    pub ec_loads: u64,
+    /// Files an encode sim wrote to `--ec-shared-storage`.
+    pub ec_stores: u64,
     /// KV-event batches given a seq (published, dropped on purpose or not).
     pub kv_batches: u64,
     /// Of those, batches not published by `--kv-events-drop-rate`.

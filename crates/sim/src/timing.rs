@@ -11,6 +11,10 @@
 //! the GPU once both its preprocessing and the earlier work are done. The queue keeps admission
 //! order (a request still preprocessing holds its place), a simplification of vLLM's scheduler.
 //!
+//! A decode leg of disaggregated serving pulls its prompt's uncached tokens instead of computing them
+//! ([`ttft_pulled`]): `transfer_us_per_token` each, over the network (NIXL), so not queued behind
+//! the prefills of the worker's compute.
+//!
 //! Each further output token waits `decode_ms_per_token`. All may be zero; with both image knobs at 0
 //! images cost only their prefill, as before the image caches were modelled. Pure functions, so tests
 //! check the model without measuring wall-clock time.
@@ -62,6 +66,13 @@ pub fn ttft_queued(busy: Duration, uncached_tokens: u32, work: ImageWork, opts: 
     let start = busy.max(preprocess_time(work, opts));
     let done = start.saturating_add(gpu_time(uncached_tokens, work, opts));
     (done.saturating_add(Duration::from_millis(opts.ttft_base_ms)), done)
+}
+
+/// Time to first token of a decode leg that pulls `pulled_tokens` of KV from its prefill engine: the
+/// images' preprocessing (the front end still processes them) and the transfer, no GPU work.
+pub fn ttft_pulled(pulled_tokens: u32, work: ImageWork, opts: &SimOptions) -> Duration {
+    let transfer = Duration::from_micros(u64::from(pulled_tokens).saturating_mul(opts.transfer_us_per_token));
+    Duration::from_millis(opts.ttft_base_ms).saturating_add(preprocess_time(work, opts)).saturating_add(transfer)
 }
 
 /// Delay before each output token after the first.
@@ -154,6 +165,15 @@ mod tests {
         // Without image work the queue is the text model's: busy + prefill, then the base.
         let (t, busy) = ttft_queued(Duration::from_millis(50), 100, ImageWork::default(), &o);
         assert_eq!((t, busy), (Duration::from_millis(70), Duration::from_millis(60)));
+    }
+
+    #[test]
+    fn pulled_tokens_cost_the_transfer_not_the_prefill() {
+        let o = SimOptions { transfer_us_per_token: 2, ..image_opts(5, 20) };
+        let work = ImageWork { preprocess_tokens: 1000, encode_tokens: 0 };
+        assert_eq!(ttft_pulled(1000, work, &o), Duration::from_millis(10 + 5 + 2));
+        assert_eq!(ttft_pulled(0, ImageWork::default(), &o), Duration::from_millis(10));
+        assert!(ttft_pulled(1000, ImageWork::default(), &o) < ttft(1000, &o), "pulling beats prefilling");
     }
 
     #[test]

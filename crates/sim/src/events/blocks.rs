@@ -183,7 +183,7 @@ mod tests {
     }
 
     fn image(offset: u32, len: u32, id: &str) -> SimImage {
-        SimImage { offset, len, identifier: id.to_owned(), feature_tokens: len }
+        SimImage { offset, len, identifier: id.to_owned(), feature_tokens: len, ..SimImage::default() }
     }
 
     #[test]
