@@ -24,6 +24,6 @@ mod scrape;
 mod series;
 
 pub use names::*;
-pub use record::{Attempt, AttemptStatus, Ending, RequestRecord};
+pub use record::{Attempt, AttemptStatus, Ending, Leg, LegKind, LegOutcome, RequestRecord};
 pub use recorder::Observer;
 pub use scrape::{FeedSample, PoolSample};

@@ -13,7 +13,8 @@ pub const REJECTED_TOTAL: &str = "mmrouter_rejected_total";
 /// Counter `{pool}`: requests routed to each pool (by their `model`). Pools are few and named in the
 /// config, so the label stays bounded; join per-worker series to pools with [`WORKER_INFO`].
 pub const POOL_REQUESTS_TOTAL: &str = "mmrouter_pool_requests_total";
-/// Gauge `{worker, pool, engine}` = 1: which pool each worker serves (for joins in dashboards).
+/// Gauge `{worker, pool, engine, role}` = 1: which pool each worker serves, on what engine and in which
+/// role (`both`, `prefill`, `decode`, `encode`; docs/disaggregated.md), for joins in dashboards.
 pub const WORKER_INFO: &str = "mmrouter_worker_info";
 /// Counter `{reason}`: a request with media fell back to text-prefix routing.
 pub const MM_FALLBACK_TOTAL: &str = "mmrouter_mm_fallback_total";
@@ -103,6 +104,21 @@ pub const CLIENT_TIMEOUTS_TOTAL: &str = "mmrouter_client_timeouts_total";
 /// Counter `{scope}`: requests refused for a missing or wrong key (`client`, `admin`).
 pub const AUTH_FAILURES_TOTAL: &str = "mmrouter_auth_failures_total";
 
+/// Counter `{leg, outcome}`: the legs of disaggregated requests (`leg`: `encode`, `prefill`,
+/// `decode`; `outcome`: `served`, `failed`, `skipped`).
+pub const DISAGG_LEGS_TOTAL: &str = "mmrouter_disagg_legs_total";
+/// Counter `{leg, reason}`: a leg that failed or was skipped, so the request took a smaller path (a
+/// failed encode leg: prefill encodes locally; a failed prefill leg: another prefill worker, then
+/// served whole by a decode worker). `reason`: `connect_error`, `timeout`, `server_error`, `busy`,
+/// `refused`, `kv_transfer_params_shape`, …, and for skips `cached_prefix` (every image already
+/// inside the prefill worker's cached prefix), `no_encode_worker`, `no_prefill_worker`.
+pub const DISAGG_FALLBACK_TOTAL: &str = "mmrouter_disagg_fallback_total";
+/// Histogram `{leg}`: time of each leg as the router saw it (`encode` and `prefill`: the whole leg;
+/// `decode`: to the decode worker's response head).
+pub const DISAGG_LEG_DURATION_SECONDS: &str = "mmrouter_disagg_leg_duration_seconds";
+/// Counter `{worker, leg}`: legs sent to each worker.
+pub const WORKER_LEGS_TOTAL: &str = "mmrouter_worker_legs_total";
+
 /// `stage` label values of [`STAGE_DURATION_SECONDS`], in pipeline order.
 pub mod stage {
     pub const INTAKE: &str = "intake";
@@ -169,8 +185,9 @@ fn builder() -> PrometheusBuilder {
     const COUNTS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0];
     const DRIFT: [f64; 14] =
         [-1024.0, -256.0, -64.0, -16.0, -4.0, -1.0, -0.5, 0.5, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
-    let layouts: [(&'static str, &'static [f64]); 6] = [
+    let layouts: [(&'static str, &'static [f64]); 7] = [
         (STAGE_DURATION_SECONDS, &SECONDS),
+        (DISAGG_LEG_DURATION_SECONDS, &SECONDS),
         (IMAGE_PROBE_DURATION_SECONDS, &SECONDS),
         (IMAGE_TOKENS_PER_REQUEST, &TOKENS),
         (KV_OVERLAP_TOKENS, &TOKENS),
@@ -194,8 +211,15 @@ fn describe(r: &PrometheusRecorder) {
     counter(REQUESTS_TOTAL, "Proxied requests by route and HTTP status (stream_error: body cut after the status).");
     counter(REJECTED_TOTAL, "Requests refused before routing, by error code.");
     counter(POOL_REQUESTS_TOTAL, "Requests routed to each pool by their model.");
-    gauge(WORKER_INFO, "1 per worker: the pool it serves and its engine.");
+    gauge(WORKER_INFO, "1 per worker: the pool it serves, its engine and its role.");
     counter(MM_FALLBACK_TOTAL, "Requests with media that fell back to text-prefix routing, by reason.");
+    counter(DISAGG_LEGS_TOTAL, "Legs of disaggregated requests, by leg and outcome (served, failed, skipped).");
+    counter(
+        DISAGG_FALLBACK_TOTAL,
+        "Disaggregated legs failed or skipped (the request took a smaller path), by reason.",
+    );
+    histogram(DISAGG_LEG_DURATION_SECONDS, Some(Unit::Seconds), "Time of each disaggregated leg as the router saw it.");
+    counter(WORKER_LEGS_TOTAL, "Disaggregated legs sent to each worker, by leg.");
     counter(PROMPT_UNRENDERED_TOTAL, "Chats without media the router could not render, routed by load, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
     histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");

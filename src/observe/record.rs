@@ -32,6 +32,8 @@ pub struct RequestRecord<'a> {
     pub retry_budget_exhausted: bool,
     /// Workers this request's failures ejected.
     pub ejected: &'a [Arc<Worker>],
+    /// Disaggregated serving: what each leg did.
+    pub legs: &'a [Leg],
     /// Worker-reported minus predicted prompt tokens, for a complete answer that reported usage.
     pub drift: Option<f64>,
     pub ending: Ending,
@@ -46,6 +48,66 @@ pub enum Ending {
     Answered { status: u16 },
     /// The body was cut after its status went out (`upstream_error`, `idle_timeout`, `total_timeout`).
     Cut { reason: &'static str },
+}
+
+/// One leg of a disaggregated request.
+#[derive(Clone, Debug)]
+pub struct Leg {
+    pub kind: LegKind,
+    /// The worker it went to (none when skipped before one was chosen).
+    pub worker: Option<String>,
+    pub outcome: LegOutcome,
+    pub elapsed: Option<Duration>,
+}
+
+impl Leg {
+    /// A leg not sent, and why.
+    pub fn skipped(kind: LegKind, reason: &'static str) -> Leg {
+        Leg { kind, worker: None, outcome: LegOutcome::Skipped(reason), elapsed: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegKind {
+    Encode,
+    Prefill,
+    Decode,
+}
+
+impl LegKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            LegKind::Encode => "encode",
+            LegKind::Prefill => "prefill",
+            LegKind::Decode => "decode",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegOutcome {
+    Served,
+    /// Sent and failed, by reason.
+    Failed(&'static str),
+    /// Not sent, by reason.
+    Skipped(&'static str),
+}
+
+impl LegOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            LegOutcome::Served => "served",
+            LegOutcome::Failed(_) => "failed",
+            LegOutcome::Skipped(_) => "skipped",
+        }
+    }
+
+    fn reason(self) -> Option<&'static str> {
+        match self {
+            LegOutcome::Served => None,
+            LegOutcome::Failed(r) | LegOutcome::Skipped(r) => Some(r),
+        }
+    }
 }
 
 /// One upstream attempt.
@@ -90,6 +152,9 @@ impl Observer {
         }
         for w in r.ejected {
             self.series(w.name()).counter_for(WORKER_EJECTIONS_TOTAL, &[]).increment(1);
+        }
+        for leg in r.legs {
+            self.leg(leg);
         }
         if let Some(d) = r.drift {
             self.drift.record(d);
@@ -140,6 +205,28 @@ impl Observer {
             let route = plan.route.label();
             let h = self.overlap.get(route, |r| self.histogram(KV_OVERLAP_TOKENS, &[("route", r)]));
             h.record(f64::from(overlap_tokens));
+        }
+    }
+
+    fn leg(&self, leg: &Leg) {
+        let kind = leg.kind.label();
+        let outcome = leg.outcome.label();
+        let c = self
+            .leg_counters
+            .get((DISAGG_LEGS_TOTAL, kind, outcome), |(n, k, o)| self.counter(n, &[("leg", k), ("outcome", o)]));
+        c.increment(1);
+        if let Some(reason) = leg.outcome.reason() {
+            let c = self
+                .leg_counters
+                .get((DISAGG_FALLBACK_TOTAL, kind, reason), |(n, k, r)| self.counter(n, &[("leg", k), ("reason", r)]));
+            c.increment(1);
+        }
+        if let Some(d) = leg.elapsed {
+            let h = self.leg_durations.get(kind, |k| self.histogram(DISAGG_LEG_DURATION_SECONDS, &[("leg", k)]));
+            h.record(d.as_secs_f64());
+        }
+        if let Some(worker) = &leg.worker {
+            self.series(worker).counter_for(WORKER_LEGS_TOTAL, &[("leg", kind)]).increment(1);
         }
     }
 

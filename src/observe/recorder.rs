@@ -30,6 +30,9 @@ pub struct Observer {
     pub(super) budget_exhausted: Counter,
     pub(super) overlap: Cache<&'static str, Histogram>,
     pub(super) stages: Cache<&'static str, Histogram>,
+    /// Disaggregated legs' counters by (name, leg, outcome or reason), and durations by leg.
+    pub(super) leg_counters: Cache<(&'static str, &'static str, &'static str), Counter>,
+    pub(super) leg_durations: Cache<&'static str, Histogram>,
     pub(super) probes: Cache<&'static str, Histogram>,
     pub(super) index_by_source: Cache<&'static str, Gauge>,
     /// Every worker's own series, by worker name.
@@ -82,6 +85,8 @@ impl Observer {
             cut_requests: Cache::new(),
             overlap: Cache::new(),
             stages: Cache::new(),
+            leg_counters: Cache::new(),
+            leg_durations: Cache::new(),
             probes: Cache::new(),
             index_by_source: Cache::new(),
             workers: Mutex::new(HashMap::new()),

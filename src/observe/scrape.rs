@@ -108,7 +108,7 @@ impl Observer {
                 Engine::Vllm => "vllm",
                 Engine::Sglang => "sglang",
             };
-            series.gauge_for(WORKER_INFO, &[("pool", pool), ("engine", engine)]).set(1.0);
+            series.gauge_for(WORKER_INFO, &[("pool", pool), ("engine", engine), ("role", w.role().label())]).set(1.0);
             let load = w.inflight();
             series.gauge_for(WORKER_INFLIGHT_REQUESTS, &[]).set(load.requests as f64);
             let now = w.availability();
@@ -204,6 +204,7 @@ mod tests {
             attempts: &attempts,
             retry_budget_exhausted: false,
             ejected: &ejected,
+            legs: &[],
             drift: None,
             ending: Ending::Answered { status: 200 },
         });
@@ -248,6 +249,19 @@ mod tests {
         assert_eq!(sample(&page, "mmrouter_worker_inflight_requests{worker=\"w0\"}"), Some(0.0));
         assert_eq!(sample(&page, "mmrouter_worker_inflight_image_tokens{worker=\"w0\"}"), Some(0.0));
         assert!(!page.contains("mmrouter_worker_inflight_image_tokens{worker=\"w1\"}"));
+    }
+
+    #[test]
+    fn worker_info_names_each_workers_role() {
+        use mmrouter_core::routing::Role;
+        let spec = |n: &str, role| WorkerSpec::new(n, "http://127.0.0.1:1").with_role(role);
+        let r = Router::new(RoutingConfig::default(), vec![spec("a", Role::Both), spec("e", Role::Encode)]).unwrap();
+        let page = scrape(&Observer::new(), &r);
+        for (worker, role) in [("a", "both"), ("e", "encode")] {
+            let series =
+                format!("mmrouter_worker_info{{worker=\"{worker}\",pool=\"p\",engine=\"vllm\",role=\"{role}\"}}");
+            assert_eq!(sample(&page, &series), Some(1.0), "{page}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use mmrouter_core::pipeline::{Planned, RoutePlan, StageTimings};
 use mmrouter_core::routing::{Decision, ImageUse, Worker};
 
 use crate::front::ReceivedBody;
-use crate::observe::{Attempt, Ending, Observer, RequestRecord};
+use crate::observe::{Attempt, Ending, Leg, Observer, RequestRecord};
 use crate::pools::Pool;
 use crate::upstream::Pieces;
 
@@ -41,6 +41,14 @@ pub struct Ctx {
     pub attempts: Vec<Attempt>,
     pub retry_budget_exhausted: bool,
     pub ejected: Vec<Arc<Worker>>,
+    /// Disaggregated serving: the body the next attempts send instead of the received one (a leg's).
+    pub leg_body: Option<Bytes>,
+    /// The prefill leg's ranking, once the decode leg's has taken `decision`'s place.
+    pub prefill: Option<Decision>,
+    /// The encode leg's ranking, when one was sent.
+    pub encode: Option<Decision>,
+    /// What each leg of a disaggregated request did, in order.
+    pub legs: Vec<Leg>,
 }
 
 impl Ctx {
@@ -66,6 +74,10 @@ impl Ctx {
             attempts: Vec::new(),
             retry_budget_exhausted: false,
             ejected: Vec::new(),
+            leg_body: None,
+            prefill: None,
+            encode: None,
+            legs: Vec::new(),
         }
     }
 
@@ -98,6 +110,7 @@ impl Ctx {
             attempts: &self.attempts,
             retry_budget_exhausted: self.retry_budget_exhausted,
             ejected: &self.ejected,
+            legs: &self.legs,
             drift,
             ending,
         });

@@ -8,9 +8,10 @@ use axum::extract::{Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use mmrouter_core::pipeline::{Planned, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, ImageUse, Router};
+use mmrouter_core::routing::{Decision, EncodeRequest, ImageUse, Role, Router, SelectRequest};
 
 use super::context::Ctx;
+use super::disagg::{images_to_encode, Shape};
 use super::forward::select_request;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -36,8 +37,13 @@ async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Va
     let planned = pool.pipeline.plan_with(&request, tokens).await?;
     let plan = &planned.plan;
     let req = select_request(plan);
-    let decision = pool.router.select(&req);
+    let shape = Shape::of(&pool.router);
+    let first = shape.map_or(Role::Both, |s| if s.pd { Role::Prefill } else { s.whole });
+    let decision = pool.router.select_for(&req, first);
     let mut out = decision_json(&pool.router, plan, decision.as_ref());
+    if let (Some(shape), Some(d)) = (shape, decision.as_ref()) {
+        out["legs"] = legs_json(&pool.router, plan, &req, shape, d);
+    }
     out["image_residency"] = residency_json(&pool.router, &req.images);
     out["pool"] = pool.name.clone().into();
     if tokens {
@@ -80,6 +86,50 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
             "worker": w.name(), "local": w.inflight(), "remote": w.remote_inflight(),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// A pool with roles: which worker each leg would use and why (the decode leg's own ranking, the
+/// encode leg's by residency, or why it would be skipped).
+fn legs_json(
+    router: &Router,
+    plan: &RoutePlan,
+    req: &SelectRequest<'_>,
+    shape: Shape,
+    first: &Decision,
+) -> serde_json::Value {
+    let name = |w: usize| router.worker(w).name().to_owned();
+    let ranking = |d: &Decision| {
+        serde_json::json!({
+            "policy": d.policy,
+            "worker": name(d.worker()),
+            "candidates": d.candidates.iter().map(|&w| name(w)).collect::<Vec<_>>(),
+            "costs": &d.costs,
+            "overlap_blocks": &d.overlap_blocks,
+            "image_credit": &d.image_credit,
+        })
+    };
+    let mut legs = serde_json::Map::new();
+    if shape.encode {
+        let encode = match images_to_encode(plan, &req.images, first) {
+            Ok(needed) => {
+                let er = EncodeRequest { images: &needed, fallback_tokens: 0 };
+                match router.select_encoder(&er) {
+                    Some(d) => ranking(&d),
+                    None => serde_json::json!({"skipped": "no_encode_worker"}),
+                }
+            }
+            Err(reason) => serde_json::json!({"skipped": reason.unwrap_or("no_media")}),
+        };
+        legs.insert("encode".into(), encode);
+    }
+    if shape.pd && router.worker(first.worker()).role() == Role::Prefill {
+        legs.insert("prefill".into(), ranking(first));
+        let decode = router.select_for(req, Role::Decode);
+        legs.insert("decode".into(), decode.as_ref().map_or(serde_json::Value::Null, ranking));
+    } else {
+        legs.insert("whole".into(), ranking(first));
+    }
+    serde_json::Value::Object(legs)
 }
 
 /// Per worker slot, how likely its engine still holds each of the request's images (processor and

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mmrouter_core::pipeline::{spliced_pieces, Piece, PlannedImage, Route, RoutePlan};
-use mmrouter_core::routing::{Engine, Failure, ImageUse, Load, LoadGuard, SelectRequest, Transition};
+use mmrouter_core::routing::{Engine, Failure, ImageUse, Load, LoadGuard, Role, SelectRequest, Transition};
 
 use super::context::Ctx;
 use crate::error::ApiError;
@@ -34,7 +34,9 @@ struct Failed {
 pub fn select(ctx: &mut Ctx) -> Result<(), ApiError> {
     let t = Instant::now();
     let req = select_request(ctx.plan());
-    let decision = ctx.pool().router.select(&req).ok_or_else(ApiError::no_worker)?;
+    // A pool with roles serves passthrough calls on the workers that serve whole requests.
+    let role = super::disagg::Shape::of(&ctx.pool().router).map_or(Role::Both, |s| s.whole);
+    let decision = ctx.pool().router.select_for(&req, role).ok_or_else(ApiError::no_worker)?;
     // Kept for dispatch, which records them on the worker it sends the request to.
     let SelectRequest { images, .. } = req;
     ctx.images = images;
@@ -112,7 +114,10 @@ fn spend_retry(st: &AppState, ctx: &mut Ctx, prev: &Failed) -> bool {
 async fn attempt(st: &AppState, ctx: &mut Ctx, w: usize, first: bool, probe: bool) -> Result<Answer, Failed> {
     let router = ctx.pool().router.clone();
     let worker = router.worker(w);
-    let body = body_for(ctx, worker.engine());
+    let body = match &ctx.leg_body {
+        Some(leg) => Pieces::from(leg.clone()),
+        None => body_for(ctx, worker.engine()),
+    };
     let guard = dispatch(ctx, w, first);
     let out = Outgoing { method: &ctx.method, path_and_query: &ctx.path, headers: &ctx.headers };
     let sent_at = Instant::now();
@@ -164,7 +169,7 @@ pub fn report(ctx: &mut Ctx, w: usize, t: Option<Transition>) {
 /// part carries the image's content digest as its `uuid` (vLLM then names the image as the router
 /// does, in its caches and its KV events). Built once per request, only when needed, as slices of the
 /// received body around the uuids (nothing copied).
-fn body_for(ctx: &mut Ctx, engine: Engine) -> Pieces {
+pub fn body_for(ctx: &mut Ctx, engine: Engine) -> Pieces {
     let plan = ctx.plan();
     let splice = engine == Engine::Vllm && plan.route == Route::Exact && plan.images.iter().any(|i| i.splice.is_some());
     if !splice {
@@ -187,7 +192,7 @@ fn spliced(body: &Bytes, images: &[PlannedImage]) -> Pieces {
 /// Holds the request's load on worker `w` and records its blocks there (at dispatch, so a
 /// concurrent request with the same prefix already sees them; a text-prefix plan has no image keys,
 /// and its affinity tail is recorded as approximate: no engine announces those keys).
-fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
+pub fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
     let (plan, router) = (ctx.plan(), &ctx.pool().router);
     let decision = ctx.decision.as_ref().expect("selected");
     let overlap = decision.overlap_tokens(w, plan.block_size).min(plan.prompt_tokens);

@@ -17,6 +17,7 @@
 
 mod context;
 mod debug;
+mod disagg;
 mod forward;
 mod plan;
 mod relay;
@@ -51,6 +52,9 @@ async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result
     let request = ParsedRequest::parse(endpoint, &body)?;
     pick_pool(st, ctx, request.str_field("model"))?;
     plan::plan(st, ctx, request).await?;
+    if let Some(shape) = disagg::Shape::of(&ctx.pool().router) {
+        return disagg::serve(st, ctx, shape).await;
+    }
     forward::select(ctx)?;
     forward::forward(st, ctx).await
 }

@@ -13,7 +13,7 @@ use mmrouter_core::routing::Failure;
 
 use super::context::Ctx;
 use super::forward::{report, Answer};
-use crate::observe::Ending;
+use crate::observe::{Ending, LegKind, LegOutcome};
 use crate::state::AppState;
 use crate::upstream::{end_to_end, EndReport, Outcome, Relay, RelayBody, RelayLimits};
 
@@ -33,6 +33,17 @@ pub fn relay(st: &Arc<AppState>, ctx: Ctx, answer: Answer) -> Response {
         h.insert("x-mmrouter-route", HeaderValue::from_static(ctx.plan().route.label()));
         if let Ok(v) = HeaderValue::from_str(guard.worker().name()) {
             h.insert("x-mmrouter-worker", v);
+        }
+        // Disaggregated legs that served: where the prompt was prefilled and the images encoded.
+        for leg in ctx.legs.iter().filter(|l| l.outcome == LegOutcome::Served) {
+            let header = match leg.kind {
+                LegKind::Prefill => "x-mmrouter-prefill-worker",
+                LegKind::Encode => "x-mmrouter-encode-worker",
+                LegKind::Decode => continue,
+            };
+            if let Some(v) = leg.worker.as_deref().and_then(|n| HeaderValue::from_str(n).ok()) {
+                h.insert(header, v);
+            }
         }
     }
     let limits = RelayLimits {

@@ -7,11 +7,13 @@
 //! * [`retry`]: which answers are retried, and the proxy-wide retry budget;
 //! * [`relay`]: the answer streamed back under the total and idle deadlines, holding the load guard;
 //! * [`usage`]: `usage.prompt_tokens` read from the answer as it passes;
-//! * [`headers`]: hop-by-hop rules.
+//! * [`headers`]: hop-by-hop rules;
+//! * [`legs`]: the bodies of disaggregated serving's legs, and the prefill's transfer parameters checked.
 
 mod client;
 mod error;
 mod headers;
+pub mod legs;
 mod pieces;
 mod relay;
 mod retry;
