@@ -17,7 +17,7 @@ use mmrouter_kv_events::decode::BlockExtraKeys;
 use mmrouter_kv_events::{
     spawn_feed, BlockStored, EventBatch, ExtraKey, FeedConfig, FeedEvent, FeedHandle, KvEvent, ResetReason,
 };
-use mmrouter_sim::{self as sim, KvEventsFormat, SimHandle, SimOptions, WordPrompter};
+use mmrouter_sim::{self as sim, KvEventsFormat, Role, SimHandle, SimOptions, WordPrompter};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -218,6 +218,26 @@ async fn text_prompts_announce_their_new_full_blocks_once_chained_to_what_is_cac
     assert_eq!(next.parent.as_ref().map(|h| h.id()), Some(first_hashes[shared - 1]));
     assert_eq!(next.token_ids, full_blocks(&second_ids)[shared * BS..]);
     assert_eq!(next.block_hashes.len(), second_ids.len() / BS - shared);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_a_decode_leg_pulled_are_announced_as_computed_ones() {
+    let mut rig = Rig::start(SimOptions { role: Role::Decode, ..events_opts() }).await;
+    let plain = text_body("pulled", 50);
+    let mut leg: Value = serde_json::from_slice(&plain).expect("json");
+    leg["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [[0, 1, 2, 3]],
+        "remote_host": "127.0.0.1", "remote_port": 5600, "remote_num_tokens": 50});
+    let answer = rig.chat(&serde_json::to_vec(&leg).expect("json")).await;
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(rig.sim.stats().kv_transfers, 1);
+    let ids = trace(&plain).await.ids;
+    let announced = rig.only_stored().await;
+    assert_eq!(announced.token_ids, full_blocks(&ids), "the pulled prompt's full blocks");
+    // Sent again without the handoff, the prompt is a local hit and announces nothing new.
+    let batches = rig.sim.stats().kv_batches;
+    let again = rig.chat(&plain).await;
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], (ids.len() - 1) / BS * BS);
+    assert_eq!(rig.sim.stats().kv_batches, batches);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

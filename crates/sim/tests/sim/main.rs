@@ -1,5 +1,6 @@
 //! Behaviour of the simulated worker through real sockets (127.0.0.1, ephemeral ports).
 
+mod disagg;
 mod kv_events;
 mod mm_cache;
 mod openai_fields;

@@ -12,7 +12,7 @@ use super::{fast, metrics_text, post, sample, words, CHAT};
 
 /// A GIF data URL whose header claims `width`×`height`; `tag` (the background colour index) makes
 /// images of one size distinct (another content hash, so another identity).
-fn gif(width: u16, height: u16, tag: u8) -> String {
+pub(super) fn gif(width: u16, height: u16, tag: u8) -> String {
     use base64::Engine as _;
     let mut gif = b"GIF89a".to_vec();
     gif.extend_from_slice(&width.to_le_bytes());
