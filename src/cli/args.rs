@@ -112,6 +112,7 @@ fn parse_engine(s: &str) -> Result<mmrouter_core::routing::Engine, String> {
 
 /// `mmrouter serve`: a config file, or one pool from flags; the flags override the file's keys.
 #[derive(clap::Args, Clone, Debug)]
+#[command(group = clap::ArgGroup::new("any_worker").multiple(true).args(["workers", "prefill", "decode", "encode"]))]
 pub struct ServeArgs {
     /// Config file (see config/mmrouter.toml). Default: config/mmrouter.toml, unless --model-dir or
     /// --worker describe the pool, which then need no file.
@@ -125,12 +126,26 @@ pub struct ServeArgs {
     /// worker-0, worker-1, … (replaces the file's `[[workers]]`).
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
+    /// A prefill worker's base URL (repeatable), named prefill-0, prefill-1, …: with --decode, the pool
+    /// serves disaggregated (docs/disaggregated.md).
+    #[arg(long = "prefill", value_name = "URL")]
+    pub prefill: Vec<String>,
+    /// A decode worker's base URL (repeatable), named decode-0, decode-1, ….
+    #[arg(long = "decode", value_name = "URL")]
+    pub decode: Vec<String>,
+    /// An encode worker's base URL (repeatable, vLLM), named encode-0, encode-1, …: images are encoded
+    /// there for the prefill (or --worker) workers.
+    #[arg(long = "encode", value_name = "URL")]
+    pub encode: Vec<String>,
+    /// The --prefill workers' bootstrap server port (SGLang's --disaggregation-bootstrap-port).
+    #[arg(long, value_name = "PORT", requires = "prefill")]
+    pub bootstrap_port: Option<u16>,
     /// The workers' KV events: `discover` (asked from each worker), or a publisher endpoint
-    /// tcp://HOST:PORT (one --worker).
-    #[arg(long, value_name = "discover|ENDPOINT", requires = "workers")]
+    /// tcp://HOST:PORT (one worker).
+    #[arg(long, value_name = "discover|ENDPOINT", requires = "any_worker")]
     pub kv_events: Option<String>,
     /// What the workers run: vllm | sglang.
-    #[arg(long, value_parser = parse_engine, requires = "workers")]
+    #[arg(long, value_parser = parse_engine, requires = "any_worker")]
     pub engine: Option<mmrouter_core::routing::Engine>,
     /// The workers' KV block size, their --block-size (`[model] block_size`; default 16).
     #[arg(long, value_name = "N")]

@@ -1,5 +1,5 @@
 //! `mmrouter serve`: the proxy from a config file, from flags alone (one pool: `--model-dir`,
-//! `--worker`), or from a file whose keys the flags override ([`ConfigFlags`]). A file served without
+//! `--worker`, or `--prefill`/`--decode`/`--encode` by role), or from a file whose keys the flags override ([`ConfigFlags`]). A file served without
 //! pool flags is re-read on SIGHUP, `POST /admin/reload` and `server.watch_config_ms`, as before; with
 //! pool flags nothing is re-read, since a reload of the file alone would drop them.
 
@@ -38,6 +38,10 @@ fn flags(args: &ServeArgs) -> ConfigFlags {
     ConfigFlags {
         model_dir: args.model_dir.clone(),
         workers: args.workers.clone(),
+        prefill: args.prefill.clone(),
+        decode: args.decode.clone(),
+        encode: args.encode.clone(),
+        bootstrap_port: args.bootstrap_port,
         kv_events: args.kv_events.clone(),
         engine: args.engine,
         block_size: args.block_size,
@@ -89,7 +93,7 @@ async fn serve_flags(
     crate::observe::logging::init(cfg.server.conn.log_json);
     if cfg.server.watch_config.is_some() {
         anyhow::bail!(
-            "server.watch_config_ms: a router given --model-dir/--worker/--block-size does not re-read its file \
+            "server.watch_config_ms: a router given --model-dir/--worker/--prefill/--decode/--encode/--block-size does not re-read its file \
              (the flags would be lost); serve the output of --print-config with --config instead"
         );
     }
@@ -98,7 +102,7 @@ async fn serve_flags(
         .map_err(|e| anyhow!("cannot listen on {} (--listen): {e}", cfg.server.listen))?;
     tracing::info!("mmrouter listening on http://{}", listener.local_addr()?);
     for w in &cfg.pools[0].workers {
-        tracing::info!("pool {}: {} = {}", cfg.pools[0].name, w.spec.name, w.spec.url);
+        tracing::info!("pool {}: {} = {} ({})", cfg.pools[0].name, w.spec.name, w.spec.url, w.spec.role.label());
     }
     crate::server::serve_fixed(cfg, listener, shutdown).await
 }

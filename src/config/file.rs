@@ -4,7 +4,7 @@
 
 use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
-use mmrouter_core::routing::{Engine, RoutingConfig};
+use mmrouter_core::routing::{Engine, Role, RoutingConfig};
 use serde::Deserialize;
 
 use super::cluster::ClusterSection;
@@ -230,6 +230,13 @@ pub struct WorkerSection {
     /// `vllm` (default) or `sglang`.
     #[serde(default)]
     pub engine: Engine,
+    /// What the worker does for a request: `both` (default: all of it), or one leg of disaggregated
+    /// serving, `prefill`, `decode` or `encode` (docs/disaggregated.md).
+    #[serde(default)]
+    pub role: Role,
+    /// SGLang prefill workers only, and required there: the engine's bootstrap server port
+    /// (`--disaggregation-bootstrap-port`), which both legs of a request name.
+    pub bootstrap_port: Option<u16>,
     /// The worker's KV-event publisher (`tcp://host:5557`), or `discover` to ask the worker (vLLM
     /// `GET /kv_event_sources`, SGLang `GET /server_info`). Absent: approximate mode for this worker.
     pub kv_events: Option<String>,

@@ -3,18 +3,26 @@
 //! loader, so what `--print-config` shows, saved and served with `--config`, is the same router.
 
 use mmrouter_core::model::ModelSource;
-use mmrouter_core::routing::Engine;
+use mmrouter_core::routing::{Engine, Role};
 use toml::{Table, Value};
 
 use super::build::check_worker_url;
+use super::roles::engine_label;
 
 /// The flags that stand for config keys; `None` or empty leaves the file's key as written.
 #[derive(Clone, Debug, Default)]
 pub struct ConfigFlags {
     /// `[model] dir`.
     pub model_dir: Option<String>,
-    /// Replaces `[[workers]]`: these URLs, named `worker-0`, `worker-1`, ….
+    /// Replaces `[[workers]]`: these URLs, named `worker-0`, `worker-1`, … (role `both`).
     pub workers: Vec<String>,
+    /// With `workers`, replace `[[workers]]`: disaggregated workers, named by their role (`prefill-0`,
+    /// `decode-0`, `encode-0`, …).
+    pub prefill: Vec<String>,
+    pub decode: Vec<String>,
+    pub encode: Vec<String>,
+    /// `bootstrap_port` of each `prefill` worker (SGLang).
+    pub bootstrap_port: Option<u16>,
     /// `kv_events` of each flag worker: `discover` or one publisher endpoint (one worker).
     pub kv_events: Option<String>,
     /// `engine` of each flag worker.
@@ -28,7 +36,22 @@ pub struct ConfigFlags {
 impl ConfigFlags {
     /// Whether the flags describe the pool (`--listen` alone does not: the file is the config).
     pub fn set_pool(&self) -> bool {
-        self.model_dir.is_some() || !self.workers.is_empty() || self.block_size.is_some()
+        self.model_dir.is_some() || self.has_workers() || self.block_size.is_some()
+    }
+
+    /// Whether a worker flag (`--worker`, `--prefill`, `--decode`, `--encode`) is given.
+    fn has_workers(&self) -> bool {
+        self.urls().next().is_some()
+    }
+
+    /// Every flag worker: its flag, name, URL and role, in the order they are listed.
+    fn urls(&self) -> impl Iterator<Item = (&'static str, String, &String, Role)> {
+        let lists = [("worker", &self.workers, Role::Both), ("prefill", &self.prefill, Role::Prefill)]
+            .into_iter()
+            .chain([("decode", &self.decode, Role::Decode), ("encode", &self.encode, Role::Encode)]);
+        lists.flat_map(|(flag, urls, role)| {
+            urls.iter().enumerate().map(move |(i, url)| (flag, format!("{flag}-{i}"), url, role))
+        })
     }
 
     /// The config file the flags amount to over `file` (its TOML), or alone (`None`: then
@@ -41,8 +64,8 @@ impl ConfigFlags {
         };
         if self.set_pool() && doc.contains_key("pools") {
             anyhow::bail!(
-                "--model-dir, --worker and --block-size describe the one pool of a file without [[pools]]; \
-                 this file has [[pools]]: set the pools' keys in the file"
+                "--model-dir, --worker (--prefill, --decode, --encode) and --block-size describe the one pool of a \
+                 file without [[pools]]; this file has [[pools]]: set the pools' keys in the file"
             );
         }
         if let Some(dir) = &self.model_dir {
@@ -51,7 +74,7 @@ impl ConfigFlags {
         if let Some(n) = self.block_size {
             section(&mut doc, "model")?.insert("block_size".into(), i64::from(n).into());
         }
-        if !self.workers.is_empty() {
+        if self.has_workers() {
             doc.insert("workers".into(), Value::Array(self.worker_entries()));
         }
         if let Some(listen) = &self.listen {
@@ -65,12 +88,15 @@ impl ConfigFlags {
         if let Some(dir) = &self.model_dir {
             ModelSource::parse(dir).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
         }
-        for url in &self.workers {
-            check_worker_url(url).map_err(|e| anyhow::anyhow!("--worker: {e}"))?;
+        for (flag, _, url, _) in self.urls() {
+            check_worker_url(url).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+        }
+        if self.bootstrap_port.is_some() && self.prefill.is_empty() {
+            anyhow::bail!("--bootstrap-port is the port of the --prefill workers' bootstrap server: give --prefill");
         }
         match self.kv_events.as_deref() {
             None | Some("discover") => {}
-            Some(_) if self.workers.len() > 1 => {
+            Some(_) if self.urls().count() > 1 => {
                 anyhow::bail!("--kv-events ENDPOINT names one publisher: give one --worker, or --kv-events discover")
             }
             Some(ep) => {
@@ -98,30 +124,36 @@ impl ConfigFlags {
                  model directory), or a config file with --config"
             );
         }
-        if self.workers.is_empty() {
-            anyhow::bail!("--worker: give at least one worker base URL (--worker http://HOST:PORT), or a config file with --config");
+        if !self.has_workers() {
+            anyhow::bail!(
+                "--worker: give at least one worker base URL (--worker http://HOST:PORT, or --prefill and --decode \
+                 for disaggregated serving), or a config file with --config"
+            );
         }
         Ok(Table::new())
     }
 
     fn worker_entries(&self) -> Vec<Value> {
-        let entry = |(i, url): (usize, &String)| {
+        let entry = |(_, name, url, role): (&str, String, &String, Role)| {
             let mut w = Table::new();
-            w.insert("name".into(), format!("worker-{i}").into());
+            w.insert("name".into(), name.into());
             w.insert("url".into(), url.clone().into());
             if let Some(engine) = self.engine {
-                let name = match engine {
-                    Engine::Vllm => "vllm",
-                    Engine::Sglang => "sglang",
-                };
-                w.insert("engine".into(), name.into());
+                w.insert("engine".into(), engine_label(engine).into());
+            }
+            // `both` is the default: a file of aggregated workers prints as it always did.
+            if role != Role::Both {
+                w.insert("role".into(), role.label().into());
+            }
+            if let Some(port) = self.bootstrap_port.filter(|_| role == Role::Prefill) {
+                w.insert("bootstrap_port".into(), i64::from(port).into());
             }
             if let Some(events) = &self.kv_events {
                 w.insert("kv_events".into(), events.clone().into());
             }
             Value::Table(w)
         };
-        self.workers.iter().enumerate().map(entry).collect()
+        self.urls().map(entry).collect()
     }
 }
 
@@ -185,6 +217,39 @@ mod tests {
         );
     }
 
+    /// Role flags add to `--worker`'s list, each worker named by its flag: names stay unique.
+    #[test]
+    fn role_flags_are_workers_named_by_their_role() {
+        let f = ConfigFlags {
+            prefill: vec!["http://p:1".into(), "http://p:2".into()],
+            decode: vec!["http://d:1".into()],
+            encode: vec!["http://e:1".into()],
+            ..flags("qwen3-vl", &["http://w:1"])
+        };
+        let c = Settings::parse(&f.to_toml(None).unwrap()).unwrap();
+        let got: Vec<_> =
+            c.pools[0].workers.iter().map(|w| (w.spec.name.as_str(), w.spec.url.as_str(), w.spec.role)).collect();
+        let want = [
+            ("worker-0", "http://w:1", Role::Both),
+            ("prefill-0", "http://p:1", Role::Prefill),
+            ("prefill-1", "http://p:2", Role::Prefill),
+            ("decode-0", "http://d:1", Role::Decode),
+            ("encode-0", "http://e:1", Role::Encode),
+        ];
+        assert_eq!(got, want);
+        // SGLang P/D: the prefill workers' bootstrap port, on them only.
+        let sglang = ConfigFlags {
+            engine: Some(Engine::Sglang),
+            bootstrap_port: Some(8998),
+            prefill: vec!["http://p:1".into()],
+            decode: vec!["http://d:1".into()],
+            ..flags("qwen3-vl", &[])
+        };
+        let c = Settings::parse(&sglang.to_toml(None).unwrap()).unwrap();
+        let ports: Vec<_> = c.pools[0].workers.iter().map(|w| w.spec.bootstrap_port).collect();
+        assert_eq!(ports, [Some(8998), None]);
+    }
+
     #[test]
     fn each_bad_flag_is_named() {
         let one = || flags("qwen3-vl", &["http://127.0.0.1:1"]);
@@ -203,6 +268,18 @@ mod tests {
             (ConfigFlags { listen: Some("localhost".into()), ..one() }, "--listen"),
             (ConfigFlags { model_dir: None, ..one() }, "--model-dir"),
             (ConfigFlags { workers: Vec::new(), ..one() }, "--worker"),
+            (ConfigFlags { prefill: vec!["ftp://x".into()], ..one() }, "--prefill"),
+            (ConfigFlags { decode: vec!["nope".into()], ..one() }, "--decode"),
+            (ConfigFlags { encode: vec!["http://".into()], ..one() }, "--encode"),
+            (ConfigFlags { bootstrap_port: Some(8998), ..one() }, "--bootstrap-port"),
+            (
+                ConfigFlags {
+                    kv_events: Some("tcp://127.0.0.1:5557".into()),
+                    decode: vec!["http://d:1".into()],
+                    ..one()
+                },
+                "--kv-events",
+            ),
         ];
         for (f, name) in cases {
             let err = f.to_toml(None).unwrap_err().to_string();

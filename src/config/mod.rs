@@ -18,6 +18,7 @@ mod flags;
 mod kv_events;
 mod nats;
 mod retries;
+mod roles;
 mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
@@ -27,6 +28,7 @@ pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};
 pub use retries::{RetryConfig, RetryConfigError};
+pub use roles::{check_roles, engine_label, Member, RolesError};
 pub use settings::{
     AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,
 };
@@ -131,6 +133,83 @@ mod tests {
         assert_eq!(c.pools[0].workers[0].events, Some(want));
         assert_eq!(c.pools[0].workers[1].events, Some(EventSource::Discover));
         assert_eq!(c.pools[0].workers[1].spec.engine, Engine::Vllm);
+    }
+
+    fn worker(name: &str, extra: &str) -> String {
+        format!("[[workers]]\nname = \"{name}\"\nurl = \"http://127.0.0.1:1\"\n{extra}")
+    }
+
+    #[test]
+    fn workers_have_roles() {
+        use mmrouter_core::routing::Role;
+        let text = [
+            worker("p", "role = \"prefill\"\nengine = \"sglang\"\nbootstrap_port = 8998\n"),
+            worker("d", "role = \"decode\"\nengine = \"sglang\"\n"),
+            worker("a", ""),
+        ]
+        .concat();
+        let c = Settings::parse(&text).unwrap();
+        let got: Vec<_> = c.pools[0].workers.iter().map(|w| (w.spec.role, w.spec.bootstrap_port)).collect();
+        assert_eq!(got, [(Role::Prefill, Some(8998)), (Role::Decode, None), (Role::Both, None)]);
+        let epd = [
+            worker("e", "role = \"encode\"\n"),
+            worker("p", "role = \"prefill\"\n"),
+            worker("d", "role = \"decode\"\n"),
+        ];
+        assert_eq!(Settings::parse(&epd.concat()).unwrap().pools[0].workers[0].spec.role, Role::Encode);
+    }
+
+    #[test]
+    fn each_bad_role_setting_names_its_key() {
+        let decode = worker("d", "role = \"decode\"\n");
+        let cases = [
+            (worker("a", "role = \"prefil\"\n"), "role"),
+            (
+                worker("p", "role = \"prefill\"\nengine = \"sglang\"\n") + &decode,
+                "workers[0].bootstrap_port is required",
+            ),
+            (
+                worker("p", "role = \"prefill\"\nbootstrap_port = 8998\n") + &decode,
+                "workers[0].bootstrap_port is only for",
+            ),
+            (worker("a", "engine = \"sglang\"\nbootstrap_port = 8998\n"), "workers[0].bootstrap_port is only for"),
+            (
+                worker("p", "role = \"prefill\"\nengine = \"sglang\"\nbootstrap_port = 0\n") + &decode,
+                "workers[0].bootstrap_port must be a port",
+            ),
+            (worker("a", "bootstrap_port = 70000\n"), "bootstrap_port"),
+            (
+                worker("e", "role = \"encode\"\nengine = \"sglang\"\n"),
+                "workers[0].role = \"encode\" needs engine = \"vllm\"",
+            ),
+            // The pool's rules, naming the pool (the model's name for the one pool of a file).
+            (worker("p", "role = \"prefill\"\n"), "workers: pool 'qwen3-vl' has prefill workers but no decode"),
+            (worker("a", "") + &decode, "pool 'qwen3-vl' has decode workers but no prefill"),
+            (worker("e", "role = \"encode\"\n"), "pool 'qwen3-vl' has encode workers but neither"),
+            (worker("p", "role = \"prefill\"\nengine = \"sglang\"\nbootstrap_port = 1\n") + &decode, "mixes engines"),
+        ];
+        for (text, want) in cases {
+            let err = Settings::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+        let pools = "[[pools]]\nname = \"vl\"\nmodels = [\"m\"]\n[[pools.workers]]\nname = \"p\"\nurl = \"http://127.0.0.1:1\"\nrole = \"prefill\"\n";
+        let err = Settings::parse(pools).unwrap_err().to_string();
+        assert!(err.contains("pools[0].workers: pool 'vl' has prefill workers but no decode"), "{err}");
+    }
+
+    #[test]
+    fn routing_takes_the_encoder_stage_keys() {
+        use mmrouter_core::routing::EncodePolicy;
+        let c = Settings::parse(&format!("[routing]\nencode_queue_weight = 0.5\nencode_policy = \"hash_ring\"\n{MIN}"))
+            .unwrap();
+        assert_eq!(
+            (c.pools[0].routing.encode_queue_weight, c.pools[0].routing.encode_policy),
+            (0.5, EncodePolicy::HashRing)
+        );
+        let err = Settings::parse(&format!("[routing]\nencode_queue_weight = -1.0\n{MIN}")).unwrap_err().to_string();
+        assert!(err.contains("routing.encode_queue_weight"), "{err}");
+        let err = Settings::parse(&format!("[routing]\nencode_policy = \"random\"\n{MIN}")).unwrap_err().to_string();
+        assert!(err.contains("encode_policy"), "{err}");
     }
 
     #[test]
