@@ -13,6 +13,7 @@ mod cluster_trust;
 mod conn;
 mod count_cli;
 mod demo_fields;
+mod disagg;
 mod doctor;
 mod faults;
 mod gate;
