@@ -133,6 +133,10 @@ async fn stop(state: Arc<server::AppState>, mut task: tokio::task::JoinHandle<()
 /// Binds `opts.host:opts.port` and serves in a background task.
 pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Result<SimHandle> {
     opts.validate()?;
+    if let (Role::Encode, Some(dir)) = (opts.role, &opts.ec_shared_storage) {
+        // As vLLM's ECExampleConnector, the producer creates its storage directory.
+        std::fs::create_dir_all(dir).with_context(|| format!("sim: cannot create {}", dir.display()))?;
+    }
     let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
         .await
         .with_context(|| format!("sim: cannot bind {}:{}", opts.host, opts.port))?;

@@ -234,7 +234,8 @@ fn image_chat(uuid: Option<&str>, url: &str, extra: Value) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_encoder_hands_its_images_to_prefill_through_the_shared_storage() {
-    let dir = scratch_dir("ec");
+    // The encoder creates the directory, as vLLM's producer does.
+    let dir = scratch_dir("ec").join("storage");
     let shared = |r: Role| SimOptions { ec_shared_storage: Some(dir.clone()), ..role(r) };
     let encoder = sim::spawn_exact(shared(Role::Encode)).await.expect("encoder");
     let url = gif(640, 480, 3);
@@ -280,7 +281,7 @@ async fn an_encoder_hands_its_images_to_prefill_through_the_shared_storage() {
     for s in [encoder, pd, alone] {
         s.shutdown().await;
     }
-    std::fs::remove_dir_all(&dir).expect("clean up");
+    std::fs::remove_dir_all(dir.parent().expect("scratch")).expect("clean up");
 }
 
 /// SGLang's fields on both legs.
