@@ -19,6 +19,8 @@ precise.tsv:    concurrency, mode, round, status, report json, Σ sims' cached t
 affinity.tsv:   workload, row, title, round, status, report json, Σ sims' cached tokens, Σ sims' prompt
                 tokens, prompt tokens per sim, Σ processor-cache queries, Σ hits, Σ encoder-cache
                 queries, Σ hits
+disagg.tsv:     comparison (prefill or encode), row, title, round, status, report json, requests asked, the
+                sims' /metrics scrapes after the run (comma-separated ROLE=FILE), the router's scrape
 """
 import argparse
 import json
@@ -781,6 +783,192 @@ def affinity_table(a, out):
                        f"without affinity (no worse: {'holds' if ok else 'MISSED'})")
 
 
+PROM_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+LABEL_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def prom(path):
+    """[(name, {label: value}, value)] of a saved /metrics scrape; None when it is missing or empty."""
+    if not path or not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    samples = []
+    with open(path) as f:
+        for line in f:
+            m = PROM_RE.match(line.strip())
+            if m and not line.startswith("#"):
+                try:
+                    samples.append((m.group(1), dict(LABEL_RE.findall(m.group(2) or "")), float(m.group(3))))
+                except ValueError:
+                    continue
+    return samples
+
+
+def prom_sum(samples, name, **labels):
+    """Σ of a family's samples whose labels include `labels` (0 when absent)."""
+    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+
+DIS_BASE = "rr"  # both comparisons are stated against round-robin of the same round
+DIS_GOAL_HITS = 1.8  # residency's encoder-cache hits × round-robin's, shared images
+DIS_GOAL_SHARE = 1.5  # no encoder above this × the mean encoder's images, residency, every round
+
+
+def disagg_figures(where, r, asked, scrapes, router):
+    """One disagg run's figures from its loadgen report and the sims' and router's scrapes after it."""
+    P.report(V, where, r, int(asked) if asked else None)
+    f = {"status": "ok", "ok": r["ok"], "sent": r["requests"], "time": r["duration_secs"],
+         "ttft": r["ttfb_ms"].get("mean"), "ttft50": r["ttfb_ms"].get("p50"), "ttft99": r["ttfb_ms"].get("p99"),
+         "hits": 0, "queries": 0, "cached": 0, "prompt": 0, "per_encoder": [], "encoded": [], "fallbacks": None,
+         "enc_legs": None}
+    for k, item in enumerate(x for x in scrapes.split(",") if x):
+        role, _, path = item.partition("=")
+        page = prom(path)
+        fig = P.name(where, f"sim{k} ({role})")
+        if page is None:
+            V.fail(P.name(fig, "/metrics"), path, "no scrape of a sim after the run")
+            continue
+        if role == "prefill":
+            hits, prompt = prom_sum(page, "vllm:prefix_cache_hits_total"), prom_sum(page, "vllm:prompt_tokens_total")
+            if hits > prompt:
+                V.fail(P.name(fig, "cached tokens"), hits, f"must be ≤ its prompt tokens {prompt:g}")
+            f["cached"] += hits
+            f["prompt"] += prompt
+        elif role == "encode":
+            q, h = prom_sum(page, "sim_encoder_cache_queries_total"), prom_sum(page, "sim_encoder_cache_hits_total")
+            if h > q:
+                V.fail(P.name(fig, "encoder-cache hits"), h, f"must be ≤ its queries {q:g}")
+            f["queries"] += q
+            f["hits"] += h
+            f["per_encoder"].append(q)
+            f["encoded"].append(prom_sum(page, "sim_image_encoded_tokens_total"))
+    page = prom(router)
+    if page is not None:
+        f["fallbacks"] = prom_sum(page, "mmrouter_disagg_fallback_total")
+        f["enc_legs"] = prom_sum(page, "mmrouter_disagg_legs_total", leg="encode", outcome="served")
+    per = f["per_encoder"]
+    f["share"] = max(per) / (sum(per) / len(per)) if per and sum(per) > 0 else None
+    f["hit_rate"] = f["hits"] / f["queries"] if f["queries"] else None
+    f["cached_share"] = f["cached"] / f["prompt"] if f["prompt"] else None
+    return f
+
+
+def disagg_table(a, out):
+    """Disaggregated serving on sims in roles: the prefill policy (multimodal workload) and the encoder
+    policy (shared images), rows in turns, ratios per round against round-robin."""
+    data, titles = {}, {}
+    for cmp, row, title, rnd, status, path, asked, scrapes, router in read_tsv(a.disagg, 9):
+        titles[(cmp, row)] = title
+        where = P.name("disagg", cmp, row, f"round {rnd}")
+        r = load(path, where) if status == "ok" else None
+        if r is None:
+            data.setdefault((cmp, row), {})[rnd] = {"status": status if status != "ok" else "n/a (no report)"}
+            continue
+        P.label_round(V, where, r.get("label", ""), rnd)
+        data.setdefault((cmp, row), {})[rnd] = disagg_figures(where, r, asked, scrapes, router)
+    median = statistics.median
+    nrounds = len(in_order(r for v in data.values() for r in v))
+
+    def good(cmp, row):
+        return {k: f for k, f in data.get((cmp, row), {}).items() if f["status"] == "ok"}
+
+    def per_round(cmp, row, key, base=DIS_BASE):
+        b, x = good(cmp, base), good(cmp, row)
+        vals = []
+        for rnd in x:
+            # A count of zero in either row (no hits at all) has no ratio; a negative figure is implausible.
+            if rnd in b and x[rnd].get(key) and b[rnd].get(key):
+                v = P.ratio(V, P.name("disagg", cmp, row, f"round {rnd}", f"{key} × {base}"), x[rnd][key], b[rnd][key])
+                if v is not None:
+                    vals.append(v)
+        return vals
+
+    def med(figs, key, fmt):
+        vals = [f[key] for f in figs if f.get(key) is not None]
+        return fmt(median(vals)) if vals else "-"
+
+    def rel(cmp, row, key, spread=False):
+        if row == DIS_BASE:
+            return "1 (baseline)"
+        vals = per_round(cmp, row, key)
+        if not vals:
+            return "-"
+        return f"{median(vals):.3f}×" + (f" ({min(vals):.2f}–{max(vals):.2f})" if spread and len(vals) > 1 else "")
+
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+    one = lambda v: f"{v:.1f}"  # noqa: E731
+    out += ["", f"## Disaggregated serving ({nrounds} round(s))", ""]
+    heads = {
+        "prefill": ("| prefill policy (multimodal workload) | ok/sent | mean TTFT ms | TTFT p50 | TTFT p99 | completion s "
+                    "| prefill cached | fallbacks | TTFT × round-robin | time × round-robin | cached × round-robin |"),
+        "encode": ("| encoder policy (shared images) | ok/sent | mean TTFT ms | TTFT p50 | TTFT p99 | completion s "
+                   "| encoder-cache hits | images per encoder | max share | TTFT × round-robin | time × round-robin "
+                   "| hits × round-robin |"),
+    }
+    for cmp in in_order(k[0] for k in data):
+        out += [heads[cmp], "|---" * heads[cmp].count(" | ") + "|---|"]
+        for row in in_order(k[1] for k in data if k[0] == cmp):
+            figs = list(good(cmp, row).values())
+            title = titles[(cmp, row)]
+            if not figs:
+                bad = next((f["status"] for f in data[(cmp, row)].values()), "not run")
+                out.append(f"| {title} | {bad} |" + " |" * (heads[cmp].count(" | ") - 1))
+                continue
+            cells = [f"{sum(f['ok'] for f in figs)}/{sum(f['sent'] for f in figs)}", med(figs, "ttft", one),
+                     med(figs, "ttft50", one), med(figs, "ttft99", one), med(figs, "time", lambda v: f"{v:.2f}")]
+            if cmp == "prefill":
+                fb = [f["fallbacks"] for f in figs if f["fallbacks"] is not None]
+                cells += [med(figs, "cached_share", pct), f"{sum(fb):g}" if fb else "-",
+                          rel(cmp, row, "ttft", True), rel(cmp, row, "time"), rel(cmp, row, "cached_share")]
+            else:
+                hits = med(figs, "hits", lambda v: f"{v:g}") + " (" + med(figs, "hit_rate", pct) + ")"
+                per = "/".join(f"{v:g}" for v in figs[0]["per_encoder"]) or "-"
+                shares = [f["share"] for f in figs if f["share"] is not None]
+                share = f"{median(shares):.2f} (max {max(shares):.2f})" if shares else "-"
+                cells += [hits, per, share, rel(cmp, row, "ttft", True), rel(cmp, row, "time"), rel(cmp, row, "hits")]
+            out.append(f"| {title} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += [
+        "Every run on a fresh pool of sims in roles sharing one EC storage directory, mmrouter in front "
+        "(approximate mode), the simulator's default image and KV-transfer costs. TTFT = time to the first "
+        "streamed chunk at the client (the encode, prefill and decode legs before it); figures are medians over "
+        "the rounds, ratios the median over the rounds of (row / round-robin's figure in the same round), "
+        "lowest–highest in brackets; rows run in an order rotated each round. prefill cached = Σ the prefill "
+        "sims' vllm:prefix_cache_hits_total / Σ their vllm:prompt_tokens_total; fallbacks = Σ "
+        "mmrouter_disagg_fallback_total over the rounds; encoder-cache hits = Σ the encode sims' "
+        "sim_encoder_cache_hits_total (% of their queries); images per encoder = each encode sim's "
+        "sim_encoder_cache_queries_total (the first round's); max share = the busiest encoder's images / the "
+        "mean encoder's (median over the rounds, the worst round in brackets).",
+        "",
+    ]
+    if good("encode", "residency"):
+        h = per_round("encode", "residency", "hits")
+        shares = [f["share"] for f in good("encode", "residency").values() if f["share"] is not None]
+        line = "- goals, shared images, encoders by residency: "
+        line += (f"encoder-cache hits {median(h):.2f}× round-robin's (goal ≥ {DIS_GOAL_HITS}: "
+                 f"{'holds' if median(h) >= DIS_GOAL_HITS else 'MISSED'})" if h else "hits: round-robin not measured")
+        if shares:
+            line += (f"; busiest encoder {max(shares):.2f}× the mean in the worst round (goal ≤ {DIS_GOAL_SHARE}: "
+                     f"{'holds' if max(shares) <= DIS_GOAL_SHARE else 'MISSED'})")
+        for base, name in ((DIS_BASE, "round-robin"), ("ring", "the hash ring")):
+            t = per_round("encode", "residency", "ttft", base)
+            if t:
+                ahead = sum(1 for v in t if v < 1)
+                line += (f"; mean TTFT {median(t):.3f}× {name}'s (goal < 1: {'holds' if median(t) < 1 else 'MISSED'}; "
+                         f"lower in {ahead} of {len(t)} rounds)")
+            else:
+                line += f"; {name} not measured"
+        out.append(line)
+    if good("prefill", "kv"):
+        c = per_round("prefill", "kv", "cached_share", "text")
+        if c:
+            ahead = sum(1 for v in c if v >= 1)
+            out.append(f"- goal, multimodal workload: the exact-overlap prefill caches {median(c):.3f}× the text-prefix "
+                       f"policy's share (goal ≥ 1: {'holds' if median(c) >= 1 else 'MISSED'}; as much or more in "
+                       f"{ahead} of {len(c)} rounds)")
+        else:
+            out.append("- goal, multimodal workload: the text-prefix row not measured")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", required=True)
@@ -789,6 +977,7 @@ def main():
     ap.add_argument("--replicas")
     ap.add_argument("--precise")
     ap.add_argument("--affinity")
+    ap.add_argument("--disagg")
     ap.add_argument("--params", required=True)
     ap.add_argument("--ttft-base-ms", type=float, required=True)
     ap.add_argument("--prefill-us", type=float, required=True)
@@ -804,6 +993,8 @@ def main():
         precise_table(a, out)
     if a.affinity and read_tsv(a.affinity, 13):
         affinity_table(a, out)
+    if a.disagg and read_tsv(a.disagg, 9):
+        disagg_table(a, out)
     if read_tsv(a.overhead, 6):
         overhead_table(a, out)
     if a.throughput and read_tsv(a.throughput, 8):

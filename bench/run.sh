@@ -13,7 +13,9 @@
 # overhead table (one zero-time sim, sequential requests, text and one 150 KB image) and a
 # throughput table (two zero-time sims, closed loop, concurrency 16, the same requests); then the
 # replicas section (bench/replicas.sh): 1 router against 3 replicas round-robin (lone, sharing state
-# through [cluster] over a real nats-server, sglang-router), with and without the sims' KV events.
+# through [cluster] over a real nats-server, sglang-router), with and without the sims' KV events; then
+# the disagg section (bench/disagg.sh): disaggregated serving on sims in roles (prefill, decode, encode),
+# the prefill policy on the multimodal workload and the encoder policy on shared images, in turns.
 #
 # Everything listens on 127.0.0.1 only. After the build and the PyPI installs the script re-runs
 # itself inside a network namespace where only loopback exists (`unshare -rn`), so no router can
@@ -28,10 +30,10 @@
 # as "implausible: SECTION / SHAPE / PATH / RUN / FIGURE = VALUE (BOUND)".
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
 #   --quick     small workload, short runs (about 20 min on 2 cores once built and installed; the
-#               precise, affinity and replicas sections about 4-5 min each)
+#               precise, affinity and replicas sections about 4-5 min each, disagg about 3-4)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
-#   --only=routing,precise,affinity,overhead,throughput,replicas  run only these sections (default: all)
+#   --only=routing,precise,affinity,overhead,throughput,replicas,disagg  run only these sections (default: all)
 # Environment: MMROUTER_BIN (default target/release/mmrouter), LOADGEN_BIN (binary with the
 #   `loadgen` and `workload` subcommands; default MMROUTER_BIN), SIM_KV_BLOCKS, SIM_TTFT_BASE_MS,
 #   SIM_PREFILL_US, SIM_DECODE_MS, SGLANG_ROUTER_VERSION (0.3.2), VLLM_ROUTER_VERSION (0.1.17),
@@ -39,7 +41,11 @@
 #   MMROUTER_BASELINE_BIN (another mmrouter build, measured beside MMROUTER_BIN in overhead and throughput),
 #   PREC_ROUNDS (rounds of the precise section), AFF_ROUNDS, AFF_PROC_GB, AFF_ENC_TOKENS and AFF_PREPROCESS_US (the
 #   affinity section's rounds and its sims' processor cache in GiB and encoder cache in tokens, and their preprocessing µs per image token, default 20 as bench/preprocess-cost.py measured; the router's weight follows it), AFF_ROWS_ONLY (its rows to keep: aff,noaff,sgl,rr) and AFF_WL_ONLY (shared or multimodal), PREC_PRECISE_TOML ([routing] lines for the precise section's precise-mode router only), PREC_SIM_EVENTS=both (its sims publish KV events in approximate mode too, unread: a control for their CPU), REPL_ROUNDS (rounds of the replicas section),
-#   REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
+#   DIS_ROUNDS, DIS_IMAGES, DIS_REQUESTS, DIS_CONCURRENCY,
+#   DIS_ROLES (the disagg section's rounds, shared-images workload, concurrency and sims' roles, default "prefill prefill
+#   decode decode encode encode encode encode"), DIS_QUEUE_WEIGHTS (more residency rows at these encode_queue_weight
+#   values, e.g. "0.25 4"), DIS_ROWS_ONLY (its rows to keep: kv,text,rr,residency,ring,residency-qwW) and DIS_WL_ONLY
+#   (prefill or encode), REPL_ROWS_ONLY (its rows to keep: one,lone,cluster,sgl; shadow, a control run only when named: 1 router + 2 idle replicas following the feeds), REPL_MODES_ONLY (its modes: "approximate
 #   precise"), REPL_WL_EXTRA (more `workload` options for it, e.g. "--fallback-fraction 0"), BENCH_ROUTING_TOML (lines added to every mmrouter's [routing], e.g.
 #   "eviction_weight = 0"), BENCH_OUT (write the report here instead of bench/results/*.md),
 #   BENCH_CORRUPT=FIGURE (a test of the harness, see bench/test-harness.sh: corrupts the first measurement
@@ -55,7 +61,7 @@ BENCH="$ROOT/bench"
 QUICK=0
 BUILD=1
 PEERS=1
-ALL_SECTIONS=routing,precise,affinity,overhead,throughput,replicas
+ALL_SECTIONS=routing,precise,affinity,overhead,throughput,replicas,disagg
 ONLY=$ALL_SECTIONS
 PHASE=prepare
 for arg in "$@"; do
@@ -66,7 +72,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,50p' "$0"
+      sed -n '2,56p' "$0"
       exit 0
       ;;
     *)
@@ -101,6 +107,9 @@ source "$BENCH/precise.sh"
 # The affinity section's functions (image affinity on shared images and the multimodal workload).
 # shellcheck source=bench/affinity.sh
 source "$BENCH/affinity.sh"
+# The disagg section's functions (disaggregated serving on sims in roles).
+# shellcheck source=bench/disagg.sh
+source "$BENCH/disagg.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Phase 1 (network allowed): build, install peers, then re-enter in a loopback-only namespace.
@@ -187,6 +196,16 @@ else
   AFF_IMAGES=24 AFF_REQUESTS=480 AFF_CONCURRENCY=16 AFF_ROUNDS=${AFF_ROUNDS:-3}
 fi
 AFF_PROC_GB=${AFF_PROC_GB:-1} AFF_ENC_TOKENS=${AFF_ENC_TOKENS:-49152}
+# DIS_*: the disagg section's shared-images workload, concurrency and rounds. DIS_IMAGES images of
+# DIS_IMAGE_PX² pixels (1024 encoder tokens each): 40 is 2.5 times what one encoder's cache holds (the sims'
+# default 16384 tokens: 16 images) and 5/8 of what the 4 encoders hold together (64), so an image sent
+# back to the encoder that encoded it hits, and one sent anywhere misses about 60 % of the time.
+if [[ $QUICK == 1 ]]; then
+  DIS_REQUESTS=${DIS_REQUESTS:-240} DIS_ROUNDS=${DIS_ROUNDS:-3}
+else
+  DIS_REQUESTS=${DIS_REQUESTS:-480} DIS_ROUNDS=${DIS_ROUNDS:-5}
+fi
+DIS_IMAGES=${DIS_IMAGES:-40} DIS_IMAGE_PX=${DIS_IMAGE_PX:-1024} DIS_CONCURRENCY=${DIS_CONCURRENCY:-4}
 THRU_SIMS=2 THRU_CONCURRENCY=16 THRU_WARMUP=200 OVERHEAD_WARMUP=50
 KV_BLOCKS=${SIM_KV_BLOCKS:-6144}
 CEILING_KV_BLOCKS=4000000 # 64M tokens: far more than any workload here, so nothing is evicted
@@ -241,6 +260,7 @@ SIM_URLS=()
 SIM_PIDS=()
 SIM_EVENTS=()
 SIM_EXTRA_ARGS=() # more `mmrouter sim` options for the sims started next (the affinity section's caches)
+SIM_ROLES=()      # each sim's role (the disagg section's sims; empty: role both, not written)
 # start_sims N TTFT_BASE_MS PREFILL_US DECODE_MS [KV_BLOCKS] [events]: fresh workers (cold caches);
 # with "events" each publishes its KV events (vLLM map form) on its own loopback port (SIM_EVENTS).
 start_sims() {
@@ -248,6 +268,7 @@ start_sims() {
   SIM_URLS=()
   SIM_PIDS=()
   SIM_EVENTS=()
+  SIM_ROLES=()
   for i in $(seq 0 $((n - 1))); do
     port=$(free_port)
     ev=()
@@ -319,6 +340,7 @@ write_config() {
     for i in "${!SIM_URLS[@]}"; do
       printf '[[workers]]\nname = "sim%s"\nurl = "%s"\n' "$i" "${SIM_URLS[$i]}"
       [[ -z ${SIM_EVENTS[$i]:-} ]] || printf 'kv_events = "%s"\n' "${SIM_EVENTS[$i]}"
+      [[ -z ${SIM_ROLES[$i]:-} ]] || printf 'role = "%s"\n' "${SIM_ROLES[$i]}"
       printf '\n'
     done
     printf '[routing]\npolicy = "%s"\n' "$policy"
@@ -460,7 +482,7 @@ log "workload: $CONVERSATIONS conversations x $TURNS turns, seed $SEED"
 IMAGES_DIR=${BENCH_IMAGES_DIR:-$ROOT/tests/fixtures/images}
 WL_ARGS=(--seed "$SEED" --conversations "$CONVERSATIONS" --turns "$TURNS" --max-tokens "$MAX_TOKENS")
 [[ -d $IMAGES_DIR ]] && WL_ARGS+=(--images-dir "$IMAGES_DIR")
-{ section_on routing || section_on precise || section_on affinity; } && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
+{ section_on routing || section_on precise || section_on affinity || section_on disagg; } && "$LOADGEN" workload "${WL_ARGS[@]}" --out "$WORK/workload.jsonl" >&2
 if section_on replicas; then
   REPL_WL_ARGS=(--seed "$SEED" --conversations "$REPL_CONVERSATIONS" --turns "$REPL_TURNS" --max-tokens "$MAX_TOKENS" ${REPL_WL_EXTRA:-})
   [[ -d $IMAGES_DIR ]] && REPL_WL_ARGS+=(--images-dir "$IMAGES_DIR")
@@ -573,6 +595,11 @@ if section_on affinity; then affinity_section; fi
 REPL="$WORK/replicas.tsv"
 : >"$REPL"
 if section_on replicas; then replicas_section; fi
+
+# Disaggregated serving on sims in roles: prefill and encoder policies (bench/disagg.sh).
+DIS="$WORK/disagg.tsv"
+: >"$DIS"
+if section_on disagg; then disagg_section; fi
 
 # The overhead and throughput sections start every path at once (each with its own fresh sims) and
 # take turns: round r sends the same slice of requests through each path in a rotated order. On a
@@ -716,7 +743,9 @@ max $MAX_TOKENS output tokens); workload seed $SEED, $CONVERSATIONS conversation
 concurrency $CONCURRENCY; overhead: sequential requests on one zero-time sim, per shape $OVER_COUNTS; \
 throughput: $THRU_REPS runs per shape of $THRU_COUNTS requests, closed loop concurrency $THRU_CONCURRENCY, \
 $THRU_SIMS zero-time sims; replicas: $REPL_ROUNDS round(s), $REPL_CONVERSATIONS conversations x $REPL_TURNS turns, \
-closed loop concurrency $REPL_CONCURRENCY; sections $ONLY; script wall time ${ELAPSED} s ($(nproc) CPUs)"
+closed loop concurrency $REPL_CONCURRENCY; disagg: $DIS_ROUNDS round(s), ${DIS_ROLE_LIST[*]}, shared images \
+$DIS_REQUESTS requests over $DIS_IMAGES images of ${DIS_IMAGE_PX}x${DIS_IMAGE_PX} px, closed loop concurrency \
+$DIS_CONCURRENCY; sections $ONLY; script wall time ${ELAPSED} s ($(nproc) CPUs)"
 # A run of some sections or shapes does not replace the full report.
 OUT="$BENCH/results/latest.md"
 [[ $ONLY == "$ALL_SECTIONS" && -z ${BENCH_SHAPES:-} ]] || OUT="$BENCH/results/partial.md"
@@ -724,7 +753,7 @@ OUT=${BENCH_OUT:-$OUT}
 # report.py checks every figure first (bench/plausible.py); with any implausible one it writes nothing
 # and exits 2, its stderr naming each figure, and the previous results file stays as it was.
 if python3 "$BENCH/report.py" --rows "$ROWS" --overhead "$OVER" --throughput "$THRU" --replicas "$REPL" \
-  --precise "$PREC" --affinity "$AFF" --params "$PARAMS" --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" \
+  --precise "$PREC" --affinity "$AFF" --disagg "$DIS" --params "$PARAMS" --ttft-base-ms "$TTFT_BASE_MS" --prefill-us "$PREFILL_US" \
   --aff-preprocess-us "$AFF_PREPROCESS_US" --cores "$(nproc)" --clk-tck "$CLK_TCK" >"$WORK/report.md" 2>"$WORK/report.err"; then
   cp "$WORK/report.md" "$OUT"
   cat "$OUT"

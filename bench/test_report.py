@@ -171,6 +171,73 @@ class ReportChecks(unittest.TestCase):
         self.assertIn("cached (sims) 52.0% vs 50.0% (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
         self.assertIn("p50 ms 95.0 ms vs 100.0 ms (holds; precise as good or better in 2 of 3 rounds)", p.stdout)
 
+    def disagg_run(self, rounds=(1, 2), residency_queries=(25, 25, 25, 25)):
+        """disagg.tsv with both comparisons: per (comparison, row) the mean TTFT (ms), the prefill sims'
+        cached tokens of 1000, the encode sims' hits (queries per encoder: 25 each unless given)."""
+        tsv = os.path.join(self.tmp.name, "disagg.tsv")
+        rows = {("prefill", "kv"): (100, 600, None), ("prefill", "text"): (110, 500, None),
+                ("prefill", "rr"): (150, 200, None), ("encode", "residency"): (80, None, 80),
+                ("encode", "rr"): (100, None, 40), ("encode", "ring"): (90, None, 80)}
+        for rnd in rounds:
+            for (cmp, row), (ttft, cached, hits) in rows.items():
+                name = f"disagg-{cmp}-{row}-{rnd}"
+                path = self.run.write_report(name, loadgen_report(name, 10, 1.0, 4, ttft))
+                scrapes = []
+                roles = ["prefill", "prefill", "decode", "encode", "encode", "encode", "encode"]
+                for k, role in enumerate(roles):
+                    lines = ['sim_role_info{role="%s"} 1' % role]
+                    if role == "prefill" and cached is not None:
+                        lines += ['vllm:prefix_cache_hits_total{model_name="m",engine="0"} %d' % (cached // 2),
+                                  'vllm:prompt_tokens_total{model_name="m",engine="0"} 500']
+                    if role == "encode":
+                        q = residency_queries[k - 3] if row == "residency" else 25
+                        lines += ['sim_encoder_cache_queries_total{model_name="m",engine="0"} %d' % q,
+                                  'sim_encoder_cache_hits_total{model_name="m",engine="0"} %d' % ((hits or 0) // 4)]
+                    prom = os.path.join(self.tmp.name, f"{name}-sim{k}.prom")
+                    with open(prom, "w") as f:
+                        f.write("# HELP x\n" + "\n".join(lines) + "\n")
+                    scrapes.append(f"{role}={prom}")
+                router = os.path.join(self.tmp.name, f"{name}-router.prom")
+                with open(router, "w") as f:
+                    f.write('mmrouter_disagg_fallback_total{leg="prefill",reason="failed"} 1\n'
+                            'mmrouter_disagg_legs_total{leg="encode",outcome="served"} 10\n')
+                Run.append(tsv, cmp, row, f"title {cmp} {row}", rnd, "ok", path, 10, ",".join(scrapes), router)
+        return tsv
+
+    def test_disagg_table_ratios_and_goals(self):
+        """The disagg section: both comparisons against round-robin of the same round, the goals' verdicts."""
+        p = self.run.report("--disagg", self.disagg_run())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("## Disaggregated serving (2 round(s))", p.stdout)
+        # kv: 600 of 1000 prompt tokens cached, 2 fallbacks over 2 rounds, TTFT 100 / 150 ms.
+        self.assertIn("| title prefill kv | 20/20 | 100.0 | 100.0 | 150.0 | 1.00 | 60.0% | 2 | 0.667× (0.67–0.67) "
+                      "| 1.000× | 3.000× |", p.stdout)
+        self.assertIn("| title prefill rr | 20/20 | 150.0 | 150.0 | 225.0 | 1.00 | 20.0% | 2 | 1 (baseline) ", p.stdout)
+        self.assertIn("| title encode residency | 20/20 | 80.0 | 80.0 | 120.0 | 1.00 | 80 (80.0%) | 25/25/25/25 "
+                      "| 1.00 (max 1.00) | 0.800× (0.80–0.80) | 1.000× | 2.000× |", p.stdout)
+        self.assertIn("encoder-cache hits 2.00× round-robin's (goal ≥ 1.8: holds); busiest encoder 1.00× the mean "
+                      "in the worst round (goal ≤ 1.5: holds); mean TTFT 0.800× round-robin's (goal < 1: holds; lower "
+                      "in 2 of 2 rounds); mean TTFT 0.889× the hash ring's (goal < 1: holds; lower in 2 of 2 rounds)",
+                      p.stdout)
+        self.assertIn("the exact-overlap prefill caches 1.200× the text-prefix policy's share (goal ≥ 1: holds; "
+                      "as much or more in 2 of 2 rounds)", p.stdout)
+
+    def test_disagg_unbalanced_encoders_miss_the_goal(self):
+        p = self.run.report("--disagg", self.disagg_run(residency_queries=(50, 20, 20, 30)))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("| 50/20/20/30 | 1.67 (max 1.67) |", p.stdout)
+        self.assertIn("busiest encoder 1.67× the mean in the worst round (goal ≤ 1.5: MISSED)", p.stdout)
+
+    def test_disagg_more_hits_than_queries_is_implausible(self):
+        tsv = self.disagg_run()
+        bad = os.path.join(self.tmp.name, "disagg-encode-rr-1-sim3.prom")
+        with open(bad, "a") as f:
+            f.write('sim_encoder_cache_hits_total{model_name="m",engine="1"} 100\n')
+        p = self.run.report("--disagg", tsv)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("implausible: disagg / encode / rr / round 1 / sim3 (encode) / encoder-cache hits = 110 "
+                      "(must be ≤ its queries 25)", p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
