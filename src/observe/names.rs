@@ -116,6 +116,14 @@ pub const DISAGG_FALLBACK_TOTAL: &str = "mmrouter_disagg_fallback_total";
 /// Histogram `{leg}`: time of each leg as the router saw it (`encode` and `prefill`: the whole leg;
 /// `decode`: to the decode worker's response head).
 pub const DISAGG_LEG_DURATION_SECONDS: &str = "mmrouter_disagg_leg_duration_seconds";
+/// Counter `{worker}`: prompt tokens the worker's engine received from another engine over its KV
+/// connector, as its own `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}` says.
+pub const WORKER_ENGINE_KV_TRANSFER_TOKENS: &str = "mmrouter_worker_engine_kv_transfer_tokens_total";
+/// Counter `{worker}`: the engine's NIXL transfers (`vllm:nixl_xfer_time_seconds_count`).
+pub const WORKER_ENGINE_KV_TRANSFERS: &str = "mmrouter_worker_engine_kv_transfers_total";
+/// Counter `{worker}`: microseconds the engine's NIXL transfers took (`vllm:nixl_xfer_time_seconds_sum`
+/// × 10⁶: the recorder's counters are whole numbers, and whole seconds would lose every transfer).
+pub const WORKER_ENGINE_KV_TRANSFER_MICROS: &str = "mmrouter_worker_engine_kv_transfer_microseconds_total";
 /// Counter `{worker, leg}`: legs sent to each worker.
 pub const WORKER_LEGS_TOTAL: &str = "mmrouter_worker_legs_total";
 
@@ -220,6 +228,15 @@ fn describe(r: &PrometheusRecorder) {
     );
     histogram(DISAGG_LEG_DURATION_SECONDS, Some(Unit::Seconds), "Time of each disaggregated leg as the router saw it.");
     counter(WORKER_LEGS_TOTAL, "Disaggregated legs sent to each worker, by leg.");
+    counter(
+        WORKER_ENGINE_KV_TRANSFER_TOKENS,
+        "Prompt tokens the engine received over its KV connector (its own count), per worker.",
+    );
+    counter(WORKER_ENGINE_KV_TRANSFERS, "The engine's NIXL transfers (its own count), per worker.");
+    counter(
+        WORKER_ENGINE_KV_TRANSFER_MICROS,
+        "Microseconds the engine's NIXL transfers took (its own sum), per worker.",
+    );
     counter(PROMPT_UNRENDERED_TOTAL, "Chats without media the router could not render, routed by load, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");
     histogram(IMAGES_PER_REQUEST, None, "Images of exact-routed requests.");

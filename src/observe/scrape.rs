@@ -123,6 +123,11 @@ impl Observer {
                 series.gauge_for(WORKER_IMAGES_RESIDENT, &[]).set(w.images_resident() as f64);
             }
             // The engine's own processor-cache counters, where its /metrics carries them.
+            if let Some(t) = w.engine_kv_transfer() {
+                series.counter_for(WORKER_ENGINE_KV_TRANSFER_TOKENS, &[]).absolute(t.tokens);
+                series.counter_for(WORKER_ENGINE_KV_TRANSFERS, &[]).absolute(t.transfers);
+                series.counter_for(WORKER_ENGINE_KV_TRANSFER_MICROS, &[]).absolute(t.micros);
+            }
             if let Some(c) = w.engine_mm_cache() {
                 series.counter_for(WORKER_ENGINE_MM_CACHE_QUERIES, &[]).absolute(c.queries);
                 series.counter_for(WORKER_ENGINE_MM_CACHE_HITS, &[]).absolute(c.hits);

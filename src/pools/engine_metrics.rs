@@ -4,12 +4,16 @@
 //! their own fleet what the image-affinity term achieves. Nothing routes on them: they are aggregate
 //! counters, naming no image.
 //!
+//! A disaggregated engine's KV-transfer counters are read from the same page (prompt tokens received
+//! from another engine, NIXL transfers and their time), so `/metrics` shows the transfer as the engine
+//! reports it beside the router's own leg timings.
+//!
 //! A worker's page is not trusted: a reading is mirrored only if it could be an engine's. Refused
 //! (counted by reason, the last good reading kept): a value that is not a number, not finite,
 //! negative, or over [`MAX_PLAUSIBLE`]; more hits than queries; hits fewer than last time while the
 //! queries are not (an engine restart resets both, and shows as fewer queries).
 
-use mmrouter_core::routing::{EngineMmCache, Worker};
+use mmrouter_core::routing::{EngineKvTransfer, EngineMmCache, Worker};
 
 use crate::observe::Observer;
 
@@ -55,7 +59,13 @@ impl Implausible {
 /// or whose page lacks them, keeps its last reading.
 pub async fn scrape(client: &reqwest::Client, w: &Worker, observe: &Observer) {
     let Some(page) = read(client, w.url()).await else { return };
-    match reading(&String::from_utf8_lossy(&page), w.engine_mm_cache()) {
+    let page = String::from_utf8_lossy(&page);
+    match transfer(&page) {
+        Ok(Some(t)) => w.set_engine_kv_transfer(t),
+        Ok(None) => {}
+        Err(why) => observe.engine_counters_refused(w.name(), why.label()),
+    }
+    match reading(&page, w.engine_mm_cache()) {
         Ok(Some(c)) => w.set_engine_mm_cache(c),
         Ok(None) => {}
         Err(why) => {
@@ -110,6 +120,31 @@ fn parse(page: &str) -> Result<Option<EngineMmCache>, Implausible> {
     Ok(seen.then_some(EngineMmCache { queries, hits }))
 }
 
+/// A disaggregated engine's transfer counters, summed over ranks; `None` when the page has none.
+fn transfer(page: &str) -> Result<Option<EngineKvTransfer>, Implausible> {
+    let (mut t, mut seen) = (EngineKvTransfer::default(), false);
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = sample(line) else { continue };
+        let add = match name {
+            "vllm:prompt_tokens_by_source_total" if line.contains("source=\"external_kv_transfer\"") => {
+                (&mut t.tokens, count(value)?)
+            }
+            "vllm:nixl_xfer_time_seconds_count" => (&mut t.transfers, count(value)?),
+            "vllm:nixl_xfer_time_seconds_sum" => (&mut t.micros, micros(value)?),
+            _ => continue,
+        };
+        *add.0 = add.0.checked_add(add.1).filter(|&n| n <= MAX_PLAUSIBLE).ok_or(Implausible::TooLarge)?;
+        seen = true;
+    }
+    Ok(seen.then_some(t))
+}
+
+/// A sum of seconds as whole microseconds.
+fn micros(value: &str) -> Result<u64, Implausible> {
+    let v = value.parse::<f64>().map_err(|_| Implausible::NotANumber)?;
+    count(&(v * 1e6).to_string())
+}
+
 /// A sample's value as a whole count.
 fn count(value: &str) -> Result<u64, Implausible> {
     let v = value.parse::<f64>().map_err(|_| Implausible::NotANumber)?;
@@ -152,6 +187,17 @@ mod tests {
             vllm:mm_cache_hits_created{engine=\"0\",model_name=\"m\"} 1.7e9\n";
         assert_eq!(reading(page, None), Ok(Some(counters(15, 7))));
         assert_eq!(reading("vllm:prompt_tokens_total 3\n", None), Ok(None));
+    }
+
+    #[test]
+    fn a_decode_engines_transfer_counters_are_read() {
+        let page = "vllm:prompt_tokens_by_source_total{engine=\"0\",source=\"local_compute\"} 5.0\n\
+            vllm:prompt_tokens_by_source_total{engine=\"0\",source=\"external_kv_transfer\"} 140.0\n\
+            vllm:nixl_xfer_time_seconds_count{engine=\"0\"} 2.0\n\
+            vllm:nixl_xfer_time_seconds_sum{engine=\"0\"} 0.0125\n";
+        assert_eq!(transfer(page), Ok(Some(EngineKvTransfer { tokens: 140, transfers: 2, micros: 12_500 })));
+        assert_eq!(transfer("vllm:mm_cache_hits_total 3\n"), Ok(None));
+        assert_eq!(transfer("vllm:nixl_xfer_time_seconds_sum -1\n"), Err(Implausible::Negative));
     }
 
     #[test]

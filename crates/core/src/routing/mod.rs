@@ -40,7 +40,7 @@ pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use link::Link;
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
-pub use worker::{Admission, Engine, EngineMmCache, LoadGuard, Role, Worker, WorkerSpec};
+pub use worker::{Admission, Engine, EngineKvTransfer, EngineMmCache, LoadGuard, Role, Worker, WorkerSpec};
 
 pub use encode::{EncodePolicy, EncodeRequest};
 pub use policy::SelectRequest;

@@ -122,6 +122,18 @@ pub struct Worker {
     images: parking_lot::Mutex<Residency>,
     /// The engine's own processor-cache counters, as last read from its `/metrics`.
     engine_mm_cache: parking_lot::Mutex<Option<EngineMmCache>>,
+    /// The engine's KV-transfer counters (a decode engine's pulls), as last read from its `/metrics`.
+    engine_kv_transfer: parking_lot::Mutex<Option<EngineKvTransfer>>,
+}
+
+/// A disaggregated engine's KV-transfer counters: prompt tokens it received from another engine
+/// (`vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`) and its NIXL transfers
+/// (`vllm:nixl_xfer_time_seconds` count and sum, in microseconds), summed over its engine ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineKvTransfer {
+    pub tokens: u64,
+    pub transfers: u64,
+    pub micros: u64,
 }
 
 /// An engine's `vllm:mm_cache_queries` / `vllm:mm_cache_hits` (images looked up in its processor
@@ -162,6 +174,7 @@ impl Worker {
             cache: CacheRoom::default(),
             images: parking_lot::Mutex::new(Residency::new(budgets)),
             engine_mm_cache: parking_lot::Mutex::new(None),
+            engine_kv_transfer: parking_lot::Mutex::new(None),
         }
     }
 
@@ -172,6 +185,15 @@ impl Worker {
 
     pub fn set_engine_mm_cache(&self, counters: EngineMmCache) {
         *self.engine_mm_cache.lock() = Some(counters);
+    }
+
+    /// The engine's KV-transfer counters, if its `/metrics` was read and carried them.
+    pub fn engine_kv_transfer(&self) -> Option<EngineKvTransfer> {
+        *self.engine_kv_transfer.lock()
+    }
+
+    pub fn set_engine_kv_transfer(&self, counters: EngineKvTransfer) {
+        *self.engine_kv_transfer.lock() = Some(counters);
     }
 
     /// The worker's engine was sent these images on the exact route.
