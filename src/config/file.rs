@@ -232,7 +232,7 @@ pub struct WorkerSection {
     pub engine: Engine,
     /// What the worker does for a request: `both` (default: all of it), or one leg of disaggregated
     /// serving, `prefill`, `decode` or `encode` (docs/disaggregated.md).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "role")]
     pub role: Role,
     /// SGLang prefill workers only, and required there: the engine's bootstrap server port
     /// (`--disaggregation-bootstrap-port`), which both legs of a request name.
@@ -253,4 +253,11 @@ pub struct WorkerSection {
 
 fn one() -> u32 {
     1
+}
+
+/// A role, refused with the key named (serde_json's own message names no key: the admin API's body).
+fn role<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+    let s = String::deserialize(d)?;
+    Role::parse(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("role: '{s}' is not both, prefill, decode or encode")))
 }

@@ -163,7 +163,7 @@ mod tests {
     fn each_bad_role_setting_names_its_key() {
         let decode = worker("d", "role = \"decode\"\n");
         let cases = [
-            (worker("a", "role = \"prefil\"\n"), "role"),
+            (worker("a", "role = \"prefil\"\n"), "role: 'prefil' is not both, prefill, decode or encode"),
             (
                 worker("p", "role = \"prefill\"\nengine = \"sglang\"\n") + &decode,
                 "workers[0].bootstrap_port is required",

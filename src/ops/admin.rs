@@ -1,8 +1,9 @@
 //! The admin API: list, add, drain and remove workers of a pool while the router runs.
 //!
 //! ```text
-//! GET    /admin/workers                      every pool and its workers (state, in-flight requests)
-//! POST   /admin/pools/{pool}/workers         {"name", "url", "engine"?}: a new worker, in rotation at once
+//! GET    /admin/workers                      every pool and its workers (role, state, in-flight requests)
+//! POST   /admin/pools/{pool}/workers         {"name", "url", "engine"?, "role"?, "bootstrap_port"?}: a new
+//!                                            worker, in rotation at once
 //! POST   /admin/workers/{name}/drain         no new requests; those in flight finish
 //! DELETE /admin/workers/{name}               drain, then remove once its in-flight requests have ended
 //! POST   /admin/reload                       re-read the config file, apply its worker changes
@@ -11,15 +12,24 @@
 //! With `[auth] admin_keys` these need an admin key (the auth layer); without, only loopback clients
 //! may call them. A new worker is a `[[workers]]` entry as JSON, validated by the same rules as the
 //! config file (`config::worker_settings`: name 1–128 bytes without control characters, http(s) URL,
-//! `kv_events` and the other event keys): a 400 `invalid_worker` names the key. With `kv_events` its
-//! feed starts at once. Workers added here last until the process ends: the config file stays the
+//! `kv_events` and the other event keys, `role`, `bootstrap_port` for SGLang prefill workers only): a
+//! 400 `invalid_worker` names the key. With `kv_events` its feed starts at once.
+//!
+//! A pool's roles obey the file's pool rules (`config::check_roles`) after every change, over the
+//! workers in rotation: an add, drain or removal that would leave a disaggregated pool without a
+//! prefill or a decode worker (or its encode workers without prefill/decode or both workers, or mix
+//! engines across its prefill/decode pairs) is refused with 409 `conflict` naming the pool, and
+//! nothing changes: a slip of the hand must not break every request of a pool. To replace the last
+//! decode worker, add its successor first; to turn an aggregated pool into a disaggregated one, reload
+//! a file with both legs (one transaction). `?force=true` on any of the three applies the change
+//! anyway (taking a whole disaggregated pool out of service, one worker at a time). Workers added here last until the process ends: the config file stays the
 //! source of truth across restarts. The operations are the pools room's (`pools::Pools`); this is
 //! their HTTP side.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -78,21 +88,34 @@ fn workers_json(router: &Router) -> Vec<Value> {
         .live_workers()
         .iter()
         .map(|(_, w)| {
-            json!({
+            let mut entry = json!({
                 "name": w.name(),
                 "url": w.url(),
                 "engine": w.engine(),
+                "role": w.role().label(),
                 "state": w.availability().label(),
                 "draining": w.is_draining(),
                 "inflight_requests": w.inflight().requests,
-            })
+            });
+            if let Some(port) = w.bootstrap_port() {
+                entry["bootstrap_port"] = port.into();
+            }
+            entry
         })
         .collect()
+}
+
+/// `?force=true`: apply a change even when it breaks the pool's role rules (see the module docs).
+#[derive(serde::Deserialize)]
+struct Force {
+    #[serde(default)]
+    force: bool,
 }
 
 async fn add(
     State(st): State<Arc<AppState>>,
     Path(pool): Path<String>,
+    Query(Force { force }): Query<Force>,
     Extension(body): Extension<ReceivedBody>,
 ) -> Response {
     let new: WorkerSection = match serde_json::from_slice(&body.0) {
@@ -103,22 +126,30 @@ async fn add(
         Ok(s) => s,
         Err(e) => return ApiError::bad_request("invalid_worker", format!("{e:#}")).into_response(),
     };
-    match st.pools.add_worker(&pool, &settings) {
+    match st.pools.add_worker(&pool, &settings, force) {
         Ok(p) => (StatusCode::CREATED, Json(json!({"pool": pool, "workers": workers_json(&p.router)}))).into_response(),
         Err(e) => refused(e),
     }
 }
 
-async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    match st.pools.drain_worker(&name) {
+async fn drain(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(Force { force }): Query<Force>,
+) -> Response {
+    match st.pools.drain_worker(&name, force) {
         Ok(()) => (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true}))).into_response(),
         Err(e) => refused(e),
     }
 }
 
 /// Drains the worker now and removes it once its in-flight requests have ended, so no request is cut.
-async fn remove(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    match st.pools.remove_worker(&name) {
+async fn remove(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(Force { force }): Query<Force>,
+) -> Response {
+    match st.pools.remove_worker(&name, force) {
         Ok(()) => {
             (StatusCode::ACCEPTED, Json(json!({"worker": name, "draining": true, "removing": true}))).into_response()
         }

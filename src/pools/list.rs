@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use mmrouter_core::pipeline::Pipeline;
+use mmrouter_core::routing::Worker;
 
 use super::bootstrap::{Bootstrap, BootstrapState};
 use super::feeds::FeedEnv;
@@ -84,10 +85,15 @@ impl Pools {
         }
     }
 
-    /// Drops the metric series of workers no pool has any more.
-    pub(super) fn forget_removed_series(&self) {
-        let live: HashSet<String> =
-            self.list().iter().flat_map(|p| p.router.live_workers()).map(|(_, w)| w.name().to_owned()).collect();
-        self.observe.retain_workers(&live);
+    /// Drops the metric series of workers no pool has any more, and those of removed worker `gone`'s
+    /// name when the worker now under it (a reload's replacement) has another role or engine: its
+    /// `mmrouter_worker_info` labels would otherwise stay beside the new ones, and a join on it fail.
+    pub(super) fn forget_removed_series(&self, gone: &Worker) {
+        let pools = self.list();
+        let live = pools.iter().flat_map(|p| p.router.live_workers()).map(|(_, w)| w);
+        let same = |w: &Worker| (w.role(), w.engine()) == (gone.role(), gone.engine());
+        let kept: HashSet<String> =
+            live.filter(|w| w.name() != gone.name() || same(w)).map(|w| w.name().to_owned()).collect();
+        self.observe.retain_workers(&kept);
     }
 }

@@ -4,14 +4,17 @@
 //!
 //! What a reload applies: pools added or removed; a pool whose model, served names or routing changed
 //! is rebuilt (a new model version: fresh pipeline and index); in a kept pool, workers added, removed
-//! (drained first, removed once idle) or replaced when their URL, engine or event settings changed.
+//! (drained first, removed once idle) or replaced when their URL, engine, role, `bootstrap_port` or event
+//! settings changed (a worker's role is fixed for its life: a new role is a new worker, its legs and
+//! index entries start afresh).
 //! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
 //! untouched. `[server]`, `[auth]`, `[retries]`, `[kv_events]` and `[cluster]` are built once at start: a reload that changes them
 //! is refused, naming what needs a restart.
 //!
 //! **A reload is a transaction.** Everything is built and checked before anything changes: new pools
 //! (pipelines, routers), every worker change of every kept pool (names against the workers staying in
-//! rotation in every pool — admin-added ones included —, the worker cap, a free slot per addition),
+//! rotation in every pool — admin-added ones included —, the worker cap, a free slot per addition, the
+//! role rules over the workers a kept pool ends with, admin-added ones included),
 //! with each kept pool's worker list locked from its check to its commit ([`Router::change`]). Any
 //! failure answers with its message and leaves the running configuration exactly as it was, so
 //! writing the previous file back is a no-op. Added workers' KV-event feeds start with them; removed
@@ -27,6 +30,7 @@ use mmrouter_core::pipeline::Pipeline;
 
 use super::list::Pools;
 use super::pool::Pool;
+use super::workers::check_pool_roles;
 use crate::config::{PoolSettings, Settings, WorkerSettings};
 
 /// What a reload did (also the `POST /admin/reload` answer).
@@ -65,6 +69,11 @@ pub fn apply(pools: &Arc<Pools>, mut new: Settings) -> Result<Applied, String> {
         }
     }
     check_names(&plans, &fresh, &next)?;
+    for plan in &plans {
+        let specs: Vec<_> = plan.add.iter().map(|w| w.spec.clone()).collect();
+        // The file's pool passed these rules; workers added through the admin API stay beside it.
+        check_pool_roles(plan.pool, &plan.retire, &specs).map_err(|e| e.to_string())?;
+    }
     // Every kept pool's change is checked with its worker list locked; the first refusal drops them
     // all, unapplied.
     let mut changes = Vec::with_capacity(plans.len());

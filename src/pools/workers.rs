@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use mmrouter_core::routing::WorkerSpec;
+
 use super::list::Pools;
 use super::pool::Pool;
-use crate::config::WorkerSettings;
+use crate::config::{check_roles, Member, RolesError, WorkerSettings};
 
 /// How often a removal checks whether the drained worker's requests have ended.
 const REMOVAL_POLL: Duration = Duration::from_millis(50);
@@ -20,9 +22,26 @@ pub enum ChangeError {
     Conflict(String),
 }
 
+impl From<RolesError> for ChangeError {
+    fn from(e: RolesError) -> ChangeError {
+        ChangeError::Conflict(e.to_string())
+    }
+}
+
+/// Whether `pool` still serves every leg once the workers `retire` leave rotation and `add` join it:
+/// the file's role rules over the workers in rotation (so removing, or draining, the last decode
+/// worker of a disaggregated pool is refused, as is a lone prefill worker added to an aggregated one).
+pub(super) fn check_pool_roles(pool: &Pool, retire: &[usize], add: &[WorkerSpec]) -> Result<(), RolesError> {
+    let live = pool.router.live_workers();
+    let staying = live.iter().filter(|(id, w)| w.in_rotation() && !retire.contains(id));
+    let members = staying.map(|(_, w)| Member { name: w.name(), engine: w.engine(), role: w.role() });
+    check_roles(&pool.name, members.chain(add.iter().map(Member::from)))
+}
+
 impl Pools {
-    /// Adds a worker to pool `pool`, in rotation at once, its feeds started; the pool it joined.
-    pub fn add_worker(&self, pool: &str, settings: &WorkerSettings) -> Result<Arc<Pool>, ChangeError> {
+    /// Adds a worker to pool `pool`, in rotation at once, its feeds started; the pool it joined. With
+    /// `force`, even if the pool's roles then break the rules (see [`check_pool_roles`]).
+    pub fn add_worker(&self, pool: &str, settings: &WorkerSettings, force: bool) -> Result<Arc<Pool>, ChangeError> {
         let _changes = self.changes();
         let pools = self.list();
         let Some(p) = pools.iter().find(|p| p.name == pool) else {
@@ -31,6 +50,9 @@ impl Pools {
         let name = &settings.spec.name;
         if pools.iter().any(|p| p.router.lookup(name).is_some_and(|(_, w)| w.in_rotation())) {
             return Err(ChangeError::Conflict(format!("a worker named '{name}' exists")));
+        }
+        if !force {
+            check_pool_roles(p, &[], std::slice::from_ref(&settings.spec))?;
         }
         let id = match p.router.change(&[], vec![settings.spec.clone()]) {
             Ok(change) => change.commit()[0],
@@ -41,22 +63,30 @@ impl Pools {
         Ok(p.clone())
     }
 
-    /// Takes worker `name` out of rotation; its requests in flight finish.
-    pub fn drain_worker(&self, name: &str) -> Result<(), ChangeError> {
+    /// Takes worker `name` out of rotation; its requests in flight finish. Refused when the pool's
+    /// roles would no longer serve, unless `force`.
+    pub fn drain_worker(&self, name: &str, force: bool) -> Result<(), ChangeError> {
         let _changes = self.changes();
         let (pool, w) = self.locate(name)?;
+        if !force {
+            check_pool_roles(&pool, &[w], &[])?;
+        }
         pool.router.drain(w);
         tracing::info!(worker = %name, "admin: worker draining");
         Ok(())
     }
 
     /// Drains worker `name` now and removes it once its in-flight requests have ended (see
-    /// [`Pools::retire`]), so no request is cut.
-    pub fn remove_worker(self: &Arc<Self>, name: &str) -> Result<(), ChangeError> {
+    /// [`Pools::retire`]), so no request is cut. Refused when the pool's roles would no longer serve,
+    /// unless `force`.
+    pub fn remove_worker(self: &Arc<Self>, name: &str, force: bool) -> Result<(), ChangeError> {
         let _changes = self.changes();
         // The lock keeps `w` naming this worker; holding the worker too would only make its removal
         // wait a poll for the holder to let go.
         let (pool, w) = self.locate(name)?;
+        if !force {
+            check_pool_roles(&pool, &[w], &[])?;
+        }
         self.retire(&pool, w);
         Ok(())
     }
@@ -84,7 +114,7 @@ impl Pools {
             pool.stop_feed(w);
             drop(pool);
             if let Some(pools) = pools.upgrade() {
-                pools.forget_removed_series();
+                pools.forget_removed_series(&worker);
             }
             tracing::info!(worker = %worker.name(), "worker removed");
             // Holders are mostly transient (a listing, a concurrent change's copy of the worker list):

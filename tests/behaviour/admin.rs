@@ -245,3 +245,90 @@ async fn health_is_not_ok_when_no_worker_can_take_a_request() {
     let r = post(&c.url, chat(0)).await;
     assert_eq!(r.status(), 503, "chats agree with /health");
 }
+
+fn message(err: &serde_json::Value) -> &str {
+    err["error"]["message"].as_str().unwrap_or_default()
+}
+
+/// Issue 47: workers have roles. The list shows them; a worker added with a role is checked by the
+/// file's rules; a change that would leave a disaggregated pool without one of its legs is refused
+/// (409, naming the pool) unless forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_are_listed_and_a_disaggregated_pool_keeps_both_legs() {
+    let s = sims(3, fast).await;
+    let worker =
+        |name: &str, url: &str, role: &str| format!("[[workers]]\nname = {name:?}\nurl = {url:?}\nrole = \"{role}\"\n");
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n{}{}",
+        worker("p0", &s[0].url(), "prefill"),
+        worker("d0", &s[1].url(), "decode")
+    );
+    let spare = s[2].url();
+    let c = proxy(s, &toml).await;
+    let pool = c.state.pools()[0].name.clone();
+    let (add, at) = (format!("{}/admin/pools/{pool}/workers", c.url), |w: &str| format!("{}/admin/workers/{w}", c.url));
+    let roles = || async {
+        let (_, list) = admin(reqwest::Method::GET, format!("{}/admin/workers", c.url), None).await;
+        let workers = list["pools"][0]["workers"].as_array().unwrap().clone();
+        workers
+            .iter()
+            .map(|w| (w["name"].as_str().unwrap().to_owned(), w["role"].as_str().unwrap().to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+    assert_eq!(roles().await, pairs(&[("p0", "prefill"), ("d0", "decode")]));
+
+    // The last decode worker can be neither drained nor removed; the pool is untouched.
+    for (method, url) in [(reqwest::Method::POST, format!("{}/drain", at("d0"))), (reqwest::Method::DELETE, at("d0"))] {
+        let (status, err) = admin(method, url.clone(), None).await;
+        assert_eq!(status, 409, "{url}: {err}");
+        assert!(message(&err).contains(&format!("pool '{pool}' has prefill workers but no decode worker")), "{err}");
+    }
+    let (status, err) = admin(reqwest::Method::POST, format!("{}/drain", at("p0")), None).await;
+    assert_eq!(status, 409);
+    assert!(message(&err).contains("has decode workers but no prefill worker"), "{err}");
+    assert_eq!(roles().await, pairs(&[("p0", "prefill"), ("d0", "decode")]));
+
+    // Per-worker rules (400, naming the key) and pool rules (409) for added workers.
+    for (body, status, needle) in [
+        (serde_json::json!({"name": "x", "url": spare, "role": "prefil"}), 400, "role: 'prefil' is not"),
+        (
+            serde_json::json!({"name": "x", "url": spare, "role": "prefill", "engine": "sglang"}),
+            400,
+            "worker.bootstrap_port is required",
+        ),
+        (
+            serde_json::json!({"name": "x", "url": spare, "role": "decode", "bootstrap_port": 8998}),
+            400,
+            "worker.bootstrap_port is only for",
+        ),
+        (
+            serde_json::json!({"name": "x", "url": spare, "role": "encode", "engine": "sglang"}),
+            400,
+            "SGLang E/PD is not supported",
+        ),
+        (serde_json::json!({"name": "x", "url": spare, "role": "decode", "engine": "sglang"}), 409, "mixes engines"),
+    ] {
+        let (got, err) = admin(reqwest::Method::POST, add.clone(), Some(body.clone())).await;
+        assert_eq!(got, status, "{body}: {err}");
+        assert!(message(&err).contains(needle), "{body}: {err}");
+    }
+
+    // A second decode worker: now the first may go, and the new one is listed with its role.
+    let (status, added) = admin(
+        reqwest::Method::POST,
+        add.clone(),
+        Some(serde_json::json!({"name": "d1", "url": spare, "role": "decode"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{added}");
+    assert!(added["workers"].as_array().unwrap().iter().any(|w| w["name"] == "d1" && w["role"] == "decode"), "{added}");
+    assert_eq!(admin(reqwest::Method::DELETE, at("d0"), None).await.0, 202);
+    let state = c.state.clone();
+    until("d0's removal", || state.pools()[0].router.find("d0").is_none()).await;
+    assert_eq!(roles().await, pairs(&[("p0", "prefill"), ("d1", "decode")]));
+
+    // Forced: the operator takes the pool's last decode worker out on purpose.
+    assert_eq!(admin(reqwest::Method::POST, format!("{}/drain?force=true", at("d1")), None).await.0, 202);
+    assert!(state.pools()[0].router.lookup("d1").is_some_and(|(_, w)| w.is_draining()));
+}

@@ -64,7 +64,7 @@ async fn the_requests_model_picks_the_pool_each_with_its_own_index() {
     let m = metrics_text(&c.url).await;
     assert_eq!(metric(&m, mmrouter::observe::POOL_REQUESTS_TOTAL, "pool=\"qwen3\""), 3.0);
     assert_eq!(metric(&m, mmrouter::observe::POOL_REQUESTS_TOTAL, "pool=\"qwen25\""), 1.0);
-    let info = format!("worker=\"{b}\",pool=\"qwen25\",engine=\"vllm\"");
+    let info = format!("worker=\"{b}\",pool=\"qwen25\",engine=\"vllm\",role=\"both\"");
     assert_eq!(metric(&m, mmrouter::observe::WORKER_INFO, &info), 1.0, "{m}");
 }
 
@@ -95,6 +95,7 @@ async fn v1_models_lists_every_pools_models() {
     for m in list["data"].as_array().unwrap() {
         assert_eq!(m["object"], "model");
         assert!(m["owned_by"].is_string() && m["created"].is_number(), "{m}");
+        assert_eq!(m["workers"], serde_json::json!({"both": 1}), "{m}");
     }
     // /debug/route names the pool.
     let r = client()
@@ -128,4 +129,52 @@ fn pool_configs_are_validated() {
     let ok = mmrouter::config::Settings::parse(&format!("{}{}", pool("a", "m", "w1"), pool("b", "n", "w2"))).unwrap();
     assert_eq!(ok.pools.len(), 2);
     assert_eq!(ok.pools[1].models, ["n"]);
+}
+
+/// Issue 47: a disaggregated pool says what it is made of — `/v1/models` counts its workers by role,
+/// `/health` lists them by role and calls the pool unavailable when one leg has no worker left,
+/// `/metrics` labels each worker's info series with its role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_pool_shows_its_roles() {
+    let s = sims(3, fast).await;
+    let worker = |name: &str, url: &str, role: &str| format!("{{ name = {name:?}, url = {url:?}, role = \"{role}\" }}");
+    let workers = [
+        worker("p0", &s[0].url(), "prefill"),
+        worker("d0", &s[1].url(), "decode"),
+        worker("d1", &s[2].url(), "decode"),
+    ];
+    let toml = format!(
+        "[server]\nhealth_interval_ms = 0\n[[pools]]\nname = \"pd\"\nmodels = [\"m\"]\nworkers = [{}]\n",
+        workers.join(", ")
+    );
+    let c = proxy(s, &toml).await;
+    let list: serde_json::Value =
+        client().get(format!("{}/v1/models", c.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["data"][0]["id"], "m");
+    assert_eq!(list["data"][0]["workers"], serde_json::json!({"prefill": 1, "decode": 2}), "{list}");
+
+    let health = || async {
+        let r = client().get(format!("{}/health", c.url)).send().await.unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+    };
+    let (status, body) = health().await;
+    assert_eq!((status, body["pools"][0]["status"].as_str()), (200, Some("ok")), "{body}");
+    let roles = &body["pools"][0]["roles"];
+    assert_eq!(roles["prefill"], serde_json::json!({"workers": 1, "healthy_workers": ["p0"]}), "{body}");
+    assert_eq!(roles["decode"]["workers"], 2, "{body}");
+
+    let m = metrics_text(&c.url).await;
+    let info = "worker=\"d1\",pool=\"pd\",engine=\"vllm\",role=\"decode\"";
+    assert_eq!(metric(&m, mmrouter::observe::WORKER_INFO, info), 1.0, "{m}");
+
+    // Every decode worker down: the prefill worker alone serves nothing.
+    let router = &c.state.pools()[0].router;
+    for name in ["d0", "d1"] {
+        router.mark_down(router.find(name).unwrap());
+    }
+    let (status, body) = health().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["pools"][0]["status"], "unavailable", "{body}");
+    assert_eq!(body["pools"][0]["roles"]["decode"]["healthy_workers"], serde_json::json!([]), "{body}");
+    assert_eq!(body["healthy_workers"], serde_json::json!(["p0"]), "{body}");
 }
