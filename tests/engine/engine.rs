@@ -221,6 +221,13 @@ impl Engine {
         let _ = child.wait();
     }
 
+    /// SIGKILL to the engine's process group, as a crash: no request in flight is finished.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+        let _ = child.wait();
+    }
+
     /// Stops and starts the engine on the same ports (its cache is gone, its event sequence restarts).
     pub async fn restart(&mut self) {
         self.stop();
