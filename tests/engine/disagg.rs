@@ -142,7 +142,7 @@ fn chat_body(messages: Value, stream: bool) -> Value {
 }
 
 fn text_chat(stream: bool) -> Value {
-    let long: String = (0..40).map(|i| format!("line {i} of case {};", corpus::nonce())).collect::<Vec<_>>().join(" ");
+    let long: String = (0..16).map(|i| format!("line {i} of case {};", corpus::nonce())).collect::<Vec<_>>().join(" ");
     chat_body(json!([{ "role": "user", "content": long }]), stream)
 }
 

@@ -2,12 +2,16 @@
 # The real-engine suite (tests/engine/main.rs): vLLM's CPU build on tiny checkpoints of the bundled
 # profiles' real files, behind the router. `prepare.sh` installs what it needs into a cache that later
 # runs reuse ($MMROUTER_ENGINE_CACHE, default ~/.cache/mmrouter): the vLLM venv (~6.3 GB, 1.5-4 min to
-# install) and the checkpoints (~80 MB each, ~7 s to build).
-# Cost on 2 cores once installed: ~4 min (five engine starts of 45-75 s, two at a time, and the checks).
+# install), NIXL for the P/D engines (~470 MB, ~6 s) and the checkpoints (~80 MB each, ~7 s to build).
+# Cost on 2 cores once installed: ~4 min (five engine starts of 45-75 s, two at a time, and the checks),
+# plus disaggregated serving (disagg.rs): two P/D engines, then three E/PD engines, each set started
+# together and checked in ~10-30 s; ~10 min for both on a machine busy with builds (engine starts of
+# ~270 s), ~4-5 min when idle.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
 while IFS= read -r line; do export "${line?}"; done < <(bash tests/engine/prepare.sh)
-# One test at a time: each starts two engines (~6 GB of memory each).
+# One test at a time: each starts two engines (~6 GB of memory each), the E/PD one three (two encoders
+# of ~4.8 GB and a ~6 GB engine: ~16 GB).
 cargo test --locked --test engine -- --ignored --test-threads=1 --nocapture
 echo "engine suite: done in $(( $(date +%s) - start )) s"
