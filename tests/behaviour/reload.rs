@@ -274,3 +274,89 @@ async fn reload_cycles_reuse_slots_and_release_metric_series() {
     assert!(!end.contains(&format!("worker=\"{}\"", s[1].name())), "the removed worker's series survived");
     assert_eq!(workers(&url).await, sorted(&[s[0].name()]));
 }
+
+/// Issue 47: a worker's role is fixed for its life, so a reload that changes it replaces the worker
+/// (the old one drained, a new one added under the same name), like a URL change; a reload whose pool
+/// would no longer serve every leg — with the workers the admin API added — is refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_change_is_a_replace_and_the_pools_legs_are_kept() {
+    let s = sims(3, fast).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmrouter.toml");
+    let file = |roles: &[&str], extra: &str| {
+        let mut toml = "[server]\nhealth_interval_ms = 0\n".to_owned();
+        for (sim, role) in s.iter().zip(roles) {
+            toml.push_str(&format!(
+                "[[workers]]\nname = {:?}\nurl = {:?}\nrole = \"{role}\"\n{extra}",
+                sim.name(),
+                sim.url()
+            ));
+        }
+        toml
+    };
+    std::fs::write(&path, file(&["both", "both"], "")).unwrap();
+    let url = serve_file(&path).await;
+    let roles = || async {
+        let list: serde_json::Value =
+            client().get(format!("{url}/admin/workers")).send().await.unwrap().json().await.unwrap();
+        let mut v: Vec<(String, String)> = list["pools"][0]["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["draining"] == false)
+            .map(|w| (w["name"].as_str().unwrap().to_owned(), w["role"].as_str().unwrap().to_owned()))
+            .collect();
+        v.sort();
+        v
+    };
+    let want = |r: [&str; 2]| {
+        let mut v: Vec<(String, String)> =
+            s[..2].iter().zip(r).map(|(s, r)| (s.name().to_owned(), r.to_owned())).collect();
+        v.sort();
+        v
+    };
+
+    std::fs::write(&path, file(&["prefill", "decode"], "")).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["replaced"], serde_json::json!([s[0].name(), s[1].name()]), "{body}");
+    assert_eq!(body["applied"]["added"], serde_json::json!([]), "{body}");
+    assert_eq!(roles().await, want(["prefill", "decode"]));
+    // Once the old worker is removed, its info series goes with it: one role per worker name.
+    let old = format!("worker=\"{}\",pool=\"qwen3-vl\",engine=\"vllm\",role=\"both\"", s[0].name());
+    let new = old.replace("both", "prefill");
+    let mut m = metrics_text(&url).await;
+    for _ in 0..100 {
+        if !m.contains(&old) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        m = metrics_text(&url).await;
+    }
+    assert!(!m.contains(&old) && m.contains(&new), "{m}");
+
+    // An encode worker added through the admin API stays beside the file's workers: a file whose
+    // engines it cannot hand its embeddings to (SGLang) is refused whole, the pool as it was.
+    let add = serde_json::json!({"name": "enc", "url": s[2].url(), "role": "encode"});
+    let r = client().post(format!("{url}/admin/pools/qwen3-vl/workers")).json(&add).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    std::fs::write(
+        &path,
+        file(&["prefill", "decode"], "engine = \"sglang\"\n")
+            .replace("role = \"prefill\"\n", "role = \"prefill\"\nbootstrap_port = 8998\n"),
+    )
+    .unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("SGLang E/PD is not supported"), "{body}");
+    assert_eq!(roles().await.len(), 3);
+    assert!(roles().await.contains(&(s[0].name().to_owned(), "prefill".to_owned())));
+
+    // Back to aggregated: both replaced again; the encode worker now serves the both workers.
+    std::fs::write(&path, file(&["both", "both"], "")).unwrap();
+    let (status, body) = reload(&url).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["applied"]["replaced"], serde_json::json!([s[0].name(), s[1].name()]), "{body}");
+    assert!(roles().await.contains(&("enc".to_owned(), "encode".to_owned())));
+    assert_eq!(post(&url, chat_body(&[], "hi", false)).await.status(), 200);
+}
