@@ -8,10 +8,10 @@ use axum::extract::{Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use mmrouter_core::pipeline::{Planned, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, EncodeRequest, ImageUse, Role, Router, SelectRequest};
+use mmrouter_core::routing::{Decision, EncodeRequest, ImageUse, PoolShape, Role, Router, SelectRequest};
 
 use super::context::Ctx;
-use super::disagg::{images_to_encode, Shape};
+use super::disagg::images_to_encode;
 use super::forward::select_request;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -37,12 +37,12 @@ async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Va
     let planned = pool.pipeline.plan_with(&request, tokens).await?;
     let plan = &planned.plan;
     let req = select_request(plan);
-    let shape = Shape::of(&pool.router);
+    let shape = pool.router.shape();
     let first = shape.map_or(Role::Both, |s| if s.pd { Role::Prefill } else { s.whole });
     let decision = pool.router.select_for(&req, first);
     let mut out = decision_json(&pool.router, plan, decision.as_ref());
     if let (Some(shape), Some(d)) = (shape, decision.as_ref()) {
-        out["legs"] = legs_json(&pool.router, plan, &req, shape, d);
+        out["legs"] = legs_json(&pool.router, (plan, &req), shape, d);
     }
     out["image_residency"] = residency_json(&pool.router, &req.images);
     out["pool"] = pool.name.clone().into();
@@ -92,9 +92,8 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
 /// encode leg's by residency, or why it would be skipped).
 fn legs_json(
     router: &Router,
-    plan: &RoutePlan,
-    req: &SelectRequest<'_>,
-    shape: Shape,
+    (plan, req): (&RoutePlan, &SelectRequest<'_>),
+    shape: PoolShape,
     first: &Decision,
 ) -> serde_json::Value {
     let name = |w: usize| router.worker(w).name().to_owned();

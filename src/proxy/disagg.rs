@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use mmrouter_core::pipeline::{Route, RoutePlan};
-use mmrouter_core::routing::{Decision, EncodeRequest, Engine, Failure, ImageUse, Load, Role, Router, SelectRequest};
+use mmrouter_core::routing::{
+    Decision, EncodeRequest, Engine, Failure, ImageUse, Load, PoolShape, Role, SelectRequest,
+};
 use serde_json::value::RawValue;
 
 use super::context::Ctx;
@@ -36,32 +38,8 @@ use crate::upstream::{Outgoing, Pieces, UpstreamError};
 /// Prefill workers one request tries before it is served whole by a decode worker.
 const PREFILL_TRIES: usize = 2;
 
-/// How a pool serves, from the roles of its workers in rotation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// Prefill and decode workers: P/D.
-    pub pd: bool,
-    /// Encode workers: an encoder stage before prefill (or before the whole request).
-    pub encode: bool,
-    /// The role that serves a whole request: `both` when the pool has such workers, else `decode`.
-    pub whole: Role,
-}
-
-impl Shape {
-    /// The pool's shape now; `None` for a plain aggregated pool (every worker `both`).
-    pub fn of(router: &Router) -> Option<Shape> {
-        let roles = router.roles();
-        let has = |r: Role| roles.contains(&r);
-        if !has(Role::Prefill) && !has(Role::Decode) && !has(Role::Encode) {
-            return None;
-        }
-        let whole = if has(Role::Both) || !has(Role::Decode) { Role::Both } else { Role::Decode };
-        Some(Shape { pd: has(Role::Prefill) && has(Role::Decode), encode: has(Role::Encode), whole })
-    }
-}
-
 /// Serves the planned request in legs; the decode leg's answer (or the whole request's) to relay.
-pub async fn serve(st: &Arc<AppState>, ctx: &mut Ctx, shape: Shape) -> Result<Answer, ApiError> {
+pub async fn serve(st: &Arc<AppState>, ctx: &mut Ctx, shape: PoolShape) -> Result<Answer, ApiError> {
     let t = Instant::now();
     let first = if shape.pd { Role::Prefill } else { shape.whole };
     let router = ctx.pool().router.clone();

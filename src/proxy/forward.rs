@@ -35,7 +35,7 @@ pub fn select(ctx: &mut Ctx) -> Result<(), ApiError> {
     let t = Instant::now();
     let req = select_request(ctx.plan());
     // A pool with roles serves passthrough calls on the workers that serve whole requests.
-    let role = super::disagg::Shape::of(&ctx.pool().router).map_or(Role::Both, |s| s.whole);
+    let role = ctx.pool().router.shape().map_or(Role::Both, |s| s.whole);
     let decision = ctx.pool().router.select_for(&req, role).ok_or_else(ApiError::no_worker)?;
     // Kept for dispatch, which records them on the worker it sends the request to.
     let SelectRequest { images, .. } = req;

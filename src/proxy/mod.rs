@@ -52,7 +52,7 @@ async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result
     let request = ParsedRequest::parse(endpoint, &body)?;
     pick_pool(st, ctx, request.str_field("model"))?;
     plan::plan(st, ctx, request).await?;
-    if let Some(shape) = disagg::Shape::of(&ctx.pool().router) {
+    if let Some(shape) = ctx.pool().router.shape() {
         return disagg::serve(st, ctx, shape).await;
     }
     forward::select(ctx)?;

@@ -232,6 +232,17 @@ impl RoutingConfig {
     }
 }
 
+/// How a pool with roles serves (see [`Router::shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolShape {
+    /// Prefill and decode workers: P/D.
+    pub pd: bool,
+    /// Encode workers: an encoder stage before prefill (or before the whole request).
+    pub encode: bool,
+    /// The role that serves a whole request: `both` when the pool has such workers, else `decode`.
+    pub whole: Role,
+}
+
 /// The ranking behind one choice (answered by `/debug/route`). The router never stores it: the caller
 /// holds it for the request's life and walks `candidates` on retries.
 #[derive(Clone, Debug, Serialize)]
@@ -581,6 +592,17 @@ impl Router {
             }
         }
         roles
+    }
+
+    /// How the pool serves now, from its workers' roles; `None` for a plain aggregated pool.
+    pub fn shape(&self) -> Option<PoolShape> {
+        let roles = self.roles();
+        let has = |r: Role| roles.contains(&r);
+        if !has(Role::Prefill) && !has(Role::Decode) && !has(Role::Encode) {
+            return None;
+        }
+        let whole = if has(Role::Both) || !has(Role::Decode) { Role::Both } else { Role::Decode };
+        Some(PoolShape { pd: has(Role::Prefill) && has(Role::Decode), encode: has(Role::Encode), whole })
     }
 
     /// [`select`](Self::select) among the workers of `role`: a prefill leg by its KV overlap and
