@@ -157,3 +157,53 @@ fn version_names_the_crate_version_and_the_commit() {
         }
     }
 }
+
+/// Issue 47: `--prefill`, `--decode` and `--encode` are workers in those roles, named by their flag
+/// (`prefill-0`, …) beside `--worker`'s `worker-0`; `--print-config` shows the roles and serves again.
+#[test]
+fn role_flags_print_workers_in_their_roles() {
+    let flags = [
+        "serve",
+        "--model-dir",
+        "qwen3-vl",
+        "--prefill",
+        "http://127.0.0.1:9",
+        "--decode",
+        "http://127.0.0.1:10",
+        "--decode",
+        "http://127.0.0.1:11",
+        "--encode",
+        "http://127.0.0.1:12",
+        "--print-config",
+    ];
+    let printed = stdout(&mmrouter(&flags));
+    assert!(printed.contains("role = \"prefill\"") && printed.contains("role = \"encode\""), "{printed}");
+    let pool = &Settings::parse(&printed).expect("the printed config parses").pools[0];
+    let workers: Vec<_> = pool.workers.iter().map(|w| (w.spec.name.as_str(), w.spec.role.label())).collect();
+    assert_eq!(
+        workers,
+        [("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"), ("encode-0", "encode")]
+    );
+
+    // SGLang P/D: the bootstrap port goes to the prefill workers.
+    let sglang = ["serve", "--model-dir", "qwen3-vl", "--engine", "sglang", "--bootstrap-port", "8998"];
+    let pd = ["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10", "--print-config"];
+    let pool = &Settings::parse(&stdout(&mmrouter(&[&sglang[..], &pd[..]].concat()))).unwrap().pools[0];
+    assert_eq!(pool.workers[0].spec.bootstrap_port, Some(8998));
+    assert_eq!(pool.workers[1].spec.bootstrap_port, None);
+
+    // A pool the role rules refuse is an error naming the rule; a flag without its workers, the flag.
+    for (args, needle) in [
+        (&["--prefill", "http://127.0.0.1:9"][..], "has prefill workers but no decode worker"),
+        (&["--worker", "http://127.0.0.1:9", "--encode", "ftp://x"][..], "--encode"),
+        (&["--worker", "http://127.0.0.1:9", "--bootstrap-port", "8998"][..], "--prefill"),
+        (
+            &["--engine", "sglang", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"][..],
+            "bootstrap_port is required",
+        ),
+    ] {
+        let out = mmrouter(&[&["serve", "--model-dir", "qwen3-vl"][..], args, &["--print-config"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+    }
+}
