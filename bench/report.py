@@ -819,7 +819,7 @@ def disagg_figures(where, r, asked, scrapes, router):
     f = {"status": "ok", "ok": r["ok"], "sent": r["requests"], "time": r["duration_secs"],
          "ttft": r["ttfb_ms"].get("mean"), "ttft50": r["ttfb_ms"].get("p50"), "ttft99": r["ttfb_ms"].get("p99"),
          "hits": 0, "queries": 0, "cached": 0, "prompt": 0, "per_encoder": [], "encoded": [], "fallbacks": None,
-         "enc_legs": None}
+         "enc_served": None, "enc_skipped": None, "prefill_legs": None}
     for k, item in enumerate(x for x in scrapes.split(",") if x):
         role, _, path = item.partition("=")
         page = prom(path)
@@ -843,8 +843,14 @@ def disagg_figures(where, r, asked, scrapes, router):
             f["encoded"].append(prom_sum(page, "sim_image_encoded_tokens_total"))
     page = prom(router)
     if page is not None:
-        f["fallbacks"] = prom_sum(page, "mmrouter_disagg_fallback_total")
-        f["enc_legs"] = prom_sum(page, "mmrouter_disagg_legs_total", leg="encode", outcome="served")
+        # An encode leg skipped because every image is inside the prefill's cached prefix is the design, not
+        # a failure: counted apart from the other fallbacks (failed or refused legs, smaller paths).
+        skipped = prom_sum(page, "mmrouter_disagg_fallback_total", leg="encode", reason="cached_prefix")
+        f["fallbacks"] = prom_sum(page, "mmrouter_disagg_fallback_total") - skipped
+        f["enc_served"] = prom_sum(page, "mmrouter_disagg_legs_total", leg="encode", outcome="served")
+        f["enc_skipped"] = skipped
+        legs = {lab.get("worker"): v for n, lab, v in page if n == "mmrouter_worker_legs_total" and lab.get("leg") == "prefill"}
+        f["prefill_legs"] = [legs[w] for w in sorted(legs, key=lambda w: (len(w), w))]
     per = f["per_encoder"]
     f["share"] = max(per) / (sum(per) / len(per)) if per and sum(per) > 0 else None
     f["hit_rate"] = f["hits"] / f["queries"] if f["queries"] else None
@@ -899,7 +905,8 @@ def disagg_table(a, out):
     out += ["", f"## Disaggregated serving ({nrounds} round(s))", ""]
     heads = {
         "prefill": ("| prefill policy (multimodal workload) | ok/sent | mean TTFT ms | TTFT p50 | TTFT p99 | completion s "
-                    "| prefill cached | fallbacks | TTFT × round-robin | time × round-robin | cached × round-robin |"),
+                    "| prefill cached | prefill legs per worker | encode legs: sent / skipped | other fallbacks "
+                    "| TTFT × round-robin | time × round-robin | cached × round-robin |"),
         "encode": ("| encoder policy (shared images) | ok/sent | mean TTFT ms | TTFT p50 | TTFT p99 | completion s "
                    "| encoder-cache hits | images per encoder | max share | TTFT × round-robin | time × round-robin "
                    "| hits × round-robin |"),
@@ -917,7 +924,9 @@ def disagg_table(a, out):
                      med(figs, "ttft50", one), med(figs, "ttft99", one), med(figs, "time", lambda v: f"{v:.2f}")]
             if cmp == "prefill":
                 fb = [f["fallbacks"] for f in figs if f["fallbacks"] is not None]
-                cells += [med(figs, "cached_share", pct), f"{sum(fb):g}" if fb else "-",
+                legs = "/".join(f"{v:g}" for v in figs[0]["prefill_legs"] or []) or "-"
+                enc = (f"{med(figs, 'enc_served', lambda v: f'{v:g}')} / {med(figs, 'enc_skipped', lambda v: f'{v:g}')}")
+                cells += [med(figs, "cached_share", pct), legs, enc, f"{sum(fb):g}" if fb else "-",
                           rel(cmp, row, "ttft", True), rel(cmp, row, "time"), rel(cmp, row, "cached_share")]
             else:
                 hits = med(figs, "hits", lambda v: f"{v:g}") + " (" + med(figs, "hit_rate", pct) + ")"
@@ -933,8 +942,12 @@ def disagg_table(a, out):
         "streamed chunk at the client (the encode, prefill and decode legs before it); figures are medians over "
         "the rounds, ratios the median over the rounds of (row / round-robin's figure in the same round), "
         "lowest–highest in brackets; rows run in an order rotated each round. prefill cached = Σ the prefill "
-        "sims' vllm:prefix_cache_hits_total / Σ their vllm:prompt_tokens_total; fallbacks = Σ "
-        "mmrouter_disagg_fallback_total over the rounds; encoder-cache hits = Σ the encode sims' "
+        "sims' vllm:prefix_cache_hits_total / Σ their vllm:prompt_tokens_total; prefill legs per worker = "
+        "mmrouter_worker_legs_total{leg=\"prefill\"} (the first round's); encode legs sent / skipped = "
+        "mmrouter_disagg_legs_total{leg=\"encode\",outcome=\"served\"} / mmrouter_disagg_fallback_total"
+        "{leg=\"encode\",reason=\"cached_prefix\"} (every image already inside the chosen prefill's cached "
+        "prefix), medians; other fallbacks = Σ the rest of mmrouter_disagg_fallback_total over the rounds "
+        "(failed or refused legs); encoder-cache hits = Σ the encode sims' "
         "sim_encoder_cache_hits_total (% of their queries); images per encoder = each encode sim's "
         "sim_encoder_cache_queries_total (the first round's); max share = the busiest encoder's images / the "
         "mean encoder's (median over the rounds, the worst round in brackets).",
@@ -945,7 +958,8 @@ def disagg_table(a, out):
         shares = [f["share"] for f in good("encode", "residency").values() if f["share"] is not None]
         line = "- goals, shared images, encoders by residency: "
         line += (f"encoder-cache hits {median(h):.2f}× round-robin's (goal ≥ {DIS_GOAL_HITS}: "
-                 f"{'holds' if median(h) >= DIS_GOAL_HITS else 'MISSED'})" if h else "hits: round-robin not measured")
+                 f"{'holds' if median(h) >= DIS_GOAL_HITS else 'MISSED'})" if h
+                 else "encoder-cache hits: no ratio (round-robin not measured, or a row without hits)")
         if shares:
             line += (f"; busiest encoder {max(shares):.2f}× the mean in the worst round (goal ≤ {DIS_GOAL_SHARE}: "
                      f"{'holds' if max(shares) <= DIS_GOAL_SHARE else 'MISSED'})")

@@ -200,7 +200,11 @@ class ReportChecks(unittest.TestCase):
                 router = os.path.join(self.tmp.name, f"{name}-router.prom")
                 with open(router, "w") as f:
                     f.write('mmrouter_disagg_fallback_total{leg="prefill",reason="failed"} 1\n'
-                            'mmrouter_disagg_legs_total{leg="encode",outcome="served"} 10\n')
+                            'mmrouter_disagg_fallback_total{leg="encode",reason="cached_prefix"} 3\n'
+                            'mmrouter_disagg_legs_total{leg="encode",outcome="served"} 7\n'
+                            'mmrouter_worker_legs_total{worker="sim10",leg="prefill"} 4\n'
+                            'mmrouter_worker_legs_total{worker="sim1",leg="prefill"} 6\n'
+                            'mmrouter_worker_legs_total{worker="sim2",leg="decode"} 10\n')
                 Run.append(tsv, cmp, row, f"title {cmp} {row}", rnd, "ok", path, 10, ",".join(scrapes), router)
         return tsv
 
@@ -209,10 +213,12 @@ class ReportChecks(unittest.TestCase):
         p = self.run.report("--disagg", self.disagg_run())
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("## Disaggregated serving (2 round(s))", p.stdout)
-        # kv: 600 of 1000 prompt tokens cached, 2 fallbacks over 2 rounds, TTFT 100 / 150 ms.
-        self.assertIn("| title prefill kv | 20/20 | 100.0 | 100.0 | 150.0 | 1.00 | 60.0% | 2 | 0.667× (0.67–0.67) "
-                      "| 1.000× | 3.000× |", p.stdout)
-        self.assertIn("| title prefill rr | 20/20 | 150.0 | 150.0 | 225.0 | 1.00 | 20.0% | 2 | 1 (baseline) ", p.stdout)
+        # kv: 600 of 1000 prompt tokens cached, prefill legs 6 on sim1 and 4 on sim10 (in worker order),
+        # 7 encode legs and 3 skipped (cached prefix, not a fallback), 1 other fallback a round, TTFT 100 / 150 ms.
+        self.assertIn("| title prefill kv | 20/20 | 100.0 | 100.0 | 150.0 | 1.00 | 60.0% | 6/4 | 7 / 3 | 2 "
+                      "| 0.667× (0.67–0.67) | 1.000× | 3.000× |", p.stdout)
+        self.assertIn("| title prefill rr | 20/20 | 150.0 | 150.0 | 225.0 | 1.00 | 20.0% | 6/4 | 7 / 3 | 2 | 1 (baseline) ",
+                      p.stdout)
         self.assertIn("| title encode residency | 20/20 | 80.0 | 80.0 | 120.0 | 1.00 | 80 (80.0%) | 25/25/25/25 "
                       "| 1.00 (max 1.00) | 0.800× (0.80–0.80) | 1.000× | 2.000× |", p.stdout)
         self.assertIn("encoder-cache hits 2.00× round-robin's (goal ≥ 1.8: holds); busiest encoder 1.00× the mean "
