@@ -111,7 +111,7 @@ fn legs_json(
     if shape.encode {
         let encode = match images_to_encode(plan, &req.images, first) {
             Ok(needed) => {
-                let er = EncodeRequest { images: &needed, fallback_tokens: 0 };
+                let er = EncodeRequest { images: &needed };
                 match router.select_encoder(&er) {
                     Some(d) => ranking(&d),
                     None => serde_json::json!({"skipped": "no_encode_worker"}),

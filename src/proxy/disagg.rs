@@ -164,7 +164,7 @@ async fn encode_leg(st: &AppState, ctx: &mut Ctx) {
         Err(None) => return,
         Err(Some(reason)) => return ctx.legs.push(Leg::skipped(LegKind::Encode, reason)),
     };
-    let req = EncodeRequest { images: &needed, fallback_tokens: 0 };
+    let req = EncodeRequest { images: &needed };
     let Some(decision) = ctx.pool().router.select_encoder(&req) else {
         ctx.legs.push(Leg::skipped(LegKind::Encode, "no_encode_worker"));
         return;

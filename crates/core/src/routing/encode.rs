@@ -13,8 +13,8 @@
 //!
 //! so an image goes back to the encoder that likely still holds it (affinity), unless that encoder's
 //! queue costs more than computing the image again elsewhere (spread); an image no encoder holds goes
-//! to the least busy one. A fallback plan names no image (the mission's rule): its encode leg is chosen
-//! by load alone (`images` empty, `tokens` what the engine will encode as far as the router knows).
+//! to the least busy one. A fallback plan names no image (the mission's rule): its encode leg goes to
+//! the encoder with the fewest requests in flight.
 //! Peers pick encoders round-robin (vllm-router), at random (llm-d) or by a hash ring (SMG).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -61,20 +61,15 @@ pub(crate) struct EncodeWeights {
 
 /// One request's encoder work as selection sees it.
 pub struct EncodeRequest<'a> {
-    /// The exact plan's images (their identities and encoder tokens); empty on a fallback route.
+    /// The exact plan's images to encode (their identities and encoder tokens); empty on a fallback
+    /// route, which names none: its encoder is the least busy.
     pub images: &'a [ImageUse],
-    /// Encoder tokens the request brings when `images` is empty (a fallback's best knowledge, for load
-    /// only); ignored otherwise.
-    pub fallback_tokens: u32,
 }
 
 impl EncodeRequest<'_> {
-    /// Encoder tokens of the request's images.
+    /// Encoder tokens of the request's images (0 for a fallback: the router does not know them).
     pub fn tokens(&self) -> u32 {
-        match self.images.is_empty() {
-            true => self.fallback_tokens,
-            false => self.images.iter().map(|i| i.tokens).fold(0u32, u32::saturating_add),
-        }
+        self.images.iter().map(|i| i.tokens).fold(0u32, u32::saturating_add)
     }
 }
 
@@ -90,10 +85,17 @@ pub(crate) fn costs(workers: &[Arc<Worker>], req: &EncodeRequest<'_>, w: EncodeW
             held_tokens.push(0.0);
             continue;
         }
-        let held = if req.images.is_empty() { Vec::new() } else { worker.images_held(req.images) };
-        let work = work(req, &held, w);
-        let queued = worker.total_inflight().image_tokens as f64;
-        costs.push(work + w.encoder * w.queue * queued);
+        let inflight = worker.total_inflight();
+        if req.images.is_empty() {
+            // A fallback names no image and the router does not know its tokens: the least busy
+            // encoder, by requests, then by the encoder tokens queued there.
+            costs.push(inflight.requests as f64 + inflight.image_tokens as f64 * 1e-9);
+            held_tokens.push(0.0);
+            continue;
+        }
+        let held = worker.images_held(req.images);
+        let queued = inflight.image_tokens as f64;
+        costs.push(work(req, &held, w) + w.encoder * w.queue * queued);
         held_tokens.push(req.images.iter().zip(&held).map(|(i, h)| f64::from(i.tokens) * h.encoder).sum());
     }
     (costs, held_tokens)
@@ -101,12 +103,11 @@ pub(crate) fn costs(workers: &[Arc<Worker>], req: &EncodeRequest<'_>, w: EncodeW
 
 /// The request's own encoder work on a worker holding `held` of its images.
 fn work(req: &EncodeRequest<'_>, held: &[Held], w: EncodeWeights) -> f64 {
-    if req.images.is_empty() {
-        return (w.encoder + w.preprocess) * f64::from(req.fallback_tokens);
-    }
-    let per_image = req.images.iter().zip(held).map(|(i, h)| {
-        f64::from(i.tokens) * (w.encoder * (1.0 - h.encoder) + w.preprocess * (1.0 - h.processor))
-    });
+    let per_image = req
+        .images
+        .iter()
+        .zip(held)
+        .map(|(i, h)| f64::from(i.tokens) * (w.encoder * (1.0 - h.encoder) + w.preprocess * (1.0 - h.processor)));
     per_image.sum()
 }
 
@@ -125,7 +126,8 @@ pub(crate) fn pick(
     match (policy, req.images.first()) {
         (EncodePolicy::RoundRobin, _) => Some(eligible[turn.fetch_add(1, Ordering::Relaxed) % eligible.len()]),
         (EncodePolicy::HashRing, Some(image)) => {
-            let score = |i: &usize| xxhash_rust::xxh3::xxh3_64_with_seed(workers[*i].name().as_bytes(), image.key as u64);
+            let score =
+                |i: &usize| xxhash_rust::xxh3::xxh3_64_with_seed(workers[*i].name().as_bytes(), image.key as u64);
             eligible.iter().copied().max_by_key(|i| score(i))
         }
         (EncodePolicy::HashRing, None) => {
@@ -135,5 +137,67 @@ pub(crate) fn pick(
             argmin_random_tie(&loads, &mut rand::rng())
         }
         (EncodePolicy::Residency, _) => argmin_random_tie(costs, &mut rand::rng()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::routing::{EncodePolicy, EncodeRequest, ImageUse, Load, Role, Router, RoutingConfig, WorkerSpec};
+
+    fn encoders(n: usize, policy: EncodePolicy) -> Router {
+        let specs = (0..n).map(|i| WorkerSpec::new(format!("e{i}"), "http://127.0.0.1:1").with_role(Role::Encode));
+        let mut specs: Vec<WorkerSpec> = specs.collect();
+        specs.push(WorkerSpec::new("whole", "http://127.0.0.1:1"));
+        let cfg = RoutingConfig { encode_policy: policy, ..RoutingConfig::default() };
+        Router::new(cfg, specs).unwrap()
+    }
+
+    fn image(key: u128) -> ImageUse {
+        ImageUse { key, tokens: 1000, end: 2000 }
+    }
+
+    fn pick(r: &Router, images: &[ImageUse]) -> usize {
+        r.select_encoder(&EncodeRequest { images }).expect("an encoder").worker()
+    }
+
+    #[test]
+    fn an_image_returns_to_the_encoder_that_computed_it_until_its_queue_outweighs_it() {
+        let r = encoders(3, EncodePolicy::Residency);
+        let a = [image(1)];
+        r.images_sent(2, &a);
+        assert_eq!(pick(&r, &a), 2, "affinity");
+        // Work queued on the holder: one image's worth still beats encoding it again elsewhere...
+        let one = Load { prefill_tokens: 0, decode_tokens: 0, image_tokens: 1000 };
+        let _g1 = r.begin(2, one);
+        assert_eq!(pick(&r, &a), 2);
+        // ...two do not (queue weight 1: 2 × 0.35 × 1000 > (0.35 + 0.25) × 1000).
+        let _g2 = r.begin(2, one);
+        assert_ne!(pick(&r, &a), 2, "spread");
+        assert_ne!(pick(&r, &a), 3, "never the whole-request worker");
+    }
+
+    #[test]
+    fn a_fallback_goes_to_the_encoder_with_fewest_requests() {
+        let r = encoders(2, EncodePolicy::Residency);
+        let _g = r.begin(0, Load::default());
+        assert_eq!(pick(&r, &[]), 1);
+    }
+
+    #[test]
+    fn round_robin_takes_turns_and_the_hash_ring_is_stable_per_image() {
+        let r = encoders(3, EncodePolicy::RoundRobin);
+        let picks: Vec<usize> = (0..6).map(|_| pick(&r, &[image(1)])).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+        let r = encoders(3, EncodePolicy::HashRing);
+        let first = pick(&r, &[image(7)]);
+        assert!((0..10).all(|_| pick(&r, &[image(7)]) == first));
+        let spread: std::collections::HashSet<usize> = (0..64u128).map(|k| pick(&r, &[image(k)])).collect();
+        assert_eq!(spread.len(), 3, "images spread over the ring");
+    }
+
+    #[test]
+    fn no_encoder_no_choice() {
+        let r = encoders(0, EncodePolicy::Residency);
+        assert!(r.select_encoder(&EncodeRequest { images: &[image(1)] }).is_none());
     }
 }
