@@ -202,8 +202,8 @@ async fn encode_leg(st: &AppState, ctx: &mut Ctx) {
 }
 
 /// The images the encode leg must encode: those of an exact plan that end past the chosen worker's
-/// cached prefix (the engine skips the encoder for the rest), or none named on a fallback route (its
-/// leg is chosen by load). `Err(Some(reason))`: the leg is skipped, counted; `Err(None)`: the request
+/// cached prefix (the engine skips the encoder for the rest), or none named on a fallback route or
+/// when the engine renames the images (the leg is then chosen by load). `Err(Some(reason))`: the leg is skipped, counted; `Err(None)`: the request
 /// has no media.
 pub fn images_to_encode(
     plan: &RoutePlan,
@@ -212,6 +212,8 @@ pub fn images_to_encode(
 ) -> Result<Vec<ImageUse>, Option<&'static str>> {
     match plan.route {
         Route::TextPrefix { .. } => return Ok(Vec::new()),
+        // Images the engine renames (request kwargs rehash them): encoded, but by load, unnamed.
+        Route::Exact if images.is_empty() && !plan.images.is_empty() => return Ok(Vec::new()),
         Route::Exact if !images.is_empty() => {}
         _ => return Err(None),
     }
