@@ -55,6 +55,7 @@ async fn a_healthy_pool_passes_every_line() {
     let (a, b) = (sim_with(|_| {}).await, sim_with(|_| {}).await);
     let lines = doctor(&pool("qwen3-vl", &[(&a, "discover"), (&b, "discover")])).await;
     assert!(failed(&lines).is_empty(), "{lines:#?}");
+    assert!(lines.iter().all(|l| l.check != "role" && l.check != "same_model"), "an aggregated pool: {lines:#?}");
     for w in [a.name(), b.name()] {
         for check in ["reachable", "engine", "block_size", "kv_events_bound", "kv_events_flowing", "uuid_in_events"] {
             assert_eq!(status(&lines, w, check).status, Status::Ok, "{check}: {lines:#?}");
@@ -325,4 +326,33 @@ fn a_closed_pipe_ends_the_doctor_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+}
+
+/// Issue 47: in a pool with roles each worker's role is a line, and its prefill, decode and encode
+/// workers must serve the same model as its first prefill worker: a decode worker serving another
+/// fails `same_model` with a hint; an encode worker's prefix caching is not asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_pools_legs_serve_one_model() {
+    let (p, d) = (sim_with(|_| {}).await, sim_with(|_| {}).await);
+    let other = sim_with(|o| o.model = "another-model".into()).await;
+    let e = sim_with(|_| {}).await;
+    let worker = |sim: &SimHandle, role: &str| {
+        format!("[[workers]]\nname = {:?}\nurl = {:?}\nrole = \"{role}\"\n", sim.name(), sim.url())
+    };
+    let toml = [worker(&p, "prefill"), worker(&d, "decode"), worker(&other, "decode"), worker(&e, "encode")].concat();
+    let lines = doctor(&toml).await;
+    for (sim, role) in [(&p, "prefill"), (&d, "decode"), (&other, "decode"), (&e, "encode")] {
+        assert_eq!(
+            (status(&lines, sim.name(), "role").status, status(&lines, sim.name(), "role").detail.as_str()),
+            (Status::Ok, role)
+        );
+    }
+    for sim in [&p, &d, &e] {
+        assert_eq!(status(&lines, sim.name(), "same_model").status, Status::Ok, "{lines:#?}");
+    }
+    let line = status(&lines, other.name(), "same_model");
+    assert_eq!(line.status, Status::Fail, "{lines:#?}");
+    assert!(line.detail.contains("another-model") && line.detail.contains(p.name()), "{line:?}");
+    assert!(line.hint.as_deref().unwrap().contains("same model"), "{line:?}");
+    assert_eq!(status(&lines, e.name(), "cached_tokens").status, Status::Skip, "{lines:#?}");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mmrouter_core::pipeline::{splice_uuids, Pipeline, Planned, Route};
 use mmrouter_core::request::{Endpoint, Request};
-use mmrouter_core::routing::Engine;
+use mmrouter_core::routing::{Engine, Role};
 use serde::Deserialize;
 
 use super::events::{bound, Listener, Seen};
@@ -122,12 +122,15 @@ pub async fn worker(scope: &Scope<'_>, w: &WorkerSettings, c: &mut Checks) {
         Ok(http) => http,
         Err(e) => return c.fail("reachable", e.to_string(), "check the worker's URL"),
     };
+    if super::roles::has_roles(scope.pool) {
+        super::roles::role(c, w);
+    }
     if !reachable(c, &http).await {
         return;
     }
     engine(c, &http, w.spec.engine).await;
     let model = served_model(c, &http, scope.pool).await;
-    cache_config(c, &http, w.spec.engine, scope.pool.pipeline.model.block_size).await;
+    cache_config(c, &http, w, scope.pool.pipeline.model.block_size).await;
     let listener = kv_events(c, w, scope.limits).await;
     let Some(model) = model else {
         return c.skip("probes", "no model to send the probe chats to");
@@ -150,8 +153,14 @@ pub async fn worker(scope: &Scope<'_>, w: &WorkerSettings, c: &mut Checks) {
     if let Some(listener) = &listener {
         events_seen(c, listener, image.as_ref(), (w.spec.engine, scope.pool.pipeline.model.block_size)).await;
     }
+    if w.spec.role == Role::Encode {
+        return c.skip("cached_tokens", ENCODER_CACHES_NO_PREFIX);
+    }
     cached_tokens(c, &http, image.as_ref()).await;
 }
+
+/// Why an encode worker's prefix caching is not checked.
+const ENCODER_CACHES_NO_PREFIX: &str = "an encode worker runs with --no-enable-prefix-caching (docs/disaggregated.md)";
 
 async fn reachable(c: &mut Checks, http: &WorkerHttp) -> bool {
     let started = std::time::Instant::now();
@@ -206,6 +215,7 @@ async fn served_model(c: &mut Checks, http: &WorkerHttp, pool: &PoolSettings) ->
             return None;
         }
     };
+    c.served = Some(served.clone());
     if pool.models.is_empty() {
         let first = served.first().cloned();
         match &first {
@@ -228,8 +238,8 @@ async fn served_model(c: &mut Checks, http: &WorkerHttp, pool: &PoolSettings) ->
 }
 
 /// Block size and prefix caching from vLLM's `vllm:cache_config_info` gauge.
-async fn cache_config(c: &mut Checks, http: &WorkerHttp, engine: Engine, block_size: u32) {
-    if engine != Engine::Vllm {
+async fn cache_config(c: &mut Checks, http: &WorkerHttp, w: &WorkerSettings, block_size: u32) {
+    if w.spec.engine != Engine::Vllm {
         c.skip("block_size", "SGLang does not publish its cache config; check --page-size by hand");
         return;
     }
@@ -246,6 +256,9 @@ async fn cache_config(c: &mut Checks, http: &WorkerHttp, engine: Engine, block_s
             format!("block keys only match with equal block sizes: start the worker with --block-size {block_size}, or set the pool's [model] block_size = {b}")
         }),
         None => c.skip("block_size", "vllm:cache_config_info has no block_size"),
+    }
+    if w.spec.role == Role::Encode {
+        return c.skip("prefix_caching", ENCODER_CACHES_NO_PREFIX);
     }
     let caching = label(info, "enable_prefix_caching");
     c.check(

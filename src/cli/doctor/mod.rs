@@ -2,7 +2,8 @@
 //! reachable, engine and version, served model names, block size and prefix caching, KV events
 //! (found, bound, flowing, naming images by the router's uuid), and for built-in probe chats the
 //! worker's own token ids (vLLM's render endpoint), prompt-token counts and cached tokens after a repeat
-//! against what the router computes. Prints a table with a fix hint per failed line (or `--json`) and
+//! against what the router computes; in a pool with roles, each worker's role and whether its
+//! prefill, decode and encode workers serve the same model (`roles.rs`). Prints a table with a fix hint per failed line (or `--json`) and
 //! exits 1 when a check fails.
 //!
 //! Bounded throughout: every answer is read under a cap (`http.rs`), every request within its timeout,
@@ -14,6 +15,7 @@ mod events;
 mod http;
 mod probe;
 mod report;
+mod roles;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,8 +86,16 @@ pub async fn diagnose(settings: &Settings, limits: impl Into<Limits>) -> anyhow:
         let scope = checks::Scope { pool, pipeline, limits: &settings.kv_events, timeout: limits.timeout };
         pool.workers.iter().map(move |w| within(scope, w, (deadline, limits.deadline)))
     });
-    let per_worker: Vec<Vec<Line>> = futures_util::stream::iter(jobs).buffered(CONCURRENT_WORKERS).collect().await;
-    Ok(per_worker.into_iter().flatten().collect())
+    let mut per_worker: Vec<report::Checks> =
+        futures_util::stream::iter(jobs).buffered(CONCURRENT_WORKERS).collect().await;
+    // The pools' workers, in order: each pool's legs compared once all of its workers have answered.
+    let mut rest = per_worker.as_mut_slice();
+    for pool in &settings.pools {
+        let (checks, after) = rest.split_at_mut(pool.workers.len());
+        roles::same_model(pool, checks);
+        rest = after;
+    }
+    Ok(per_worker.into_iter().flat_map(|c| c.lines).collect())
 }
 
 /// One worker's checks, stopped at the run's deadline: the lines found by then, and a failed
@@ -94,7 +104,7 @@ async fn within(
     scope: checks::Scope<'_>,
     w: &WorkerSettings,
     (deadline, whole): (tokio::time::Instant, Duration),
-) -> Vec<Line> {
+) -> report::Checks {
     let mut c = report::Checks::new(&scope.pool.name, &w.spec.name);
     if tokio::time::timeout_at(deadline, checks::worker(&scope, w, &mut c)).await.is_err() {
         let detail = if c.lines.is_empty() {
@@ -104,7 +114,7 @@ async fn within(
         };
         c.fail("deadline", detail, "raise --deadline-secs, or see why this worker answers slowly (its log)");
     }
-    c.lines
+    c
 }
 
 fn settings(args: &DoctorArgs) -> anyhow::Result<Settings> {

@@ -30,11 +30,13 @@ pub struct Checks {
     pool: String,
     worker: String,
     pub lines: Vec<Line>,
+    /// The names the worker's `/v1/models` served, once read (a pool's legs are compared on them).
+    pub served: Option<Vec<String>>,
 }
 
 impl Checks {
     pub fn new(pool: &str, worker: &str) -> Checks {
-        Checks { pool: pool.to_owned(), worker: worker.to_owned(), lines: Vec::new() }
+        Checks { pool: pool.to_owned(), worker: worker.to_owned(), lines: Vec::new(), served: None }
     }
 
     fn push(&mut self, check: &'static str, status: Status, detail: String, hint: Option<String>) {
