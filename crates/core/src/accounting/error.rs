@@ -36,6 +36,23 @@ pub enum AccountingError {
     /// A server or request processor kwarg the counter does not model (or an invalid value for one).
     #[error("{source_name} `{key}`: {detail}")]
     ProcessorKwargs { source_name: &'static str, key: String, detail: String },
+    /// Video for a family whose video processing the router does not model (or no video processor).
+    #[error("video: {detail}")]
+    VideoUnsupported { detail: String },
+    /// A clip the engine refuses for having too few frames (vLLM 0.32: Qwen2.5-VL divides by zero on one
+    /// frame, Qwen3-VL's resize needs two).
+    #[error("a video of {frames} frame(s): the engine refuses it")]
+    VideoTooShort { frames: u64 },
+    /// A video setting of the engines' `--media-io-kwargs` (or a trusted request's `media_io_kwargs`) the
+    /// router does not model.
+    #[error("media_io_kwargs `{key}`: {detail}")]
+    MediaIoKwargs { key: String, detail: String },
+    /// Per-request `media_io_kwargs` / `mm_processor_kwargs` on a pool whose engines do not trust them:
+    /// vLLM refuses the request (`--trust-request-mm-kwargs` off), whichever worker gets it.
+    #[error(
+        "request {key}: the pool's engines refuse per-request media kwargs (model.trust_request_mm_kwargs = false)"
+    )]
+    RequestMmKwargs { key: &'static str },
     /// Checked arithmetic overflowed.
     #[error("arithmetic overflow computing {what}")]
     Overflow { what: &'static str },
@@ -68,6 +85,10 @@ impl AccountingError {
             AccountingError::ConfigMissingField { .. } => "config_missing_field",
             AccountingError::ConfigInvalidField { .. } => "config_invalid_field",
             AccountingError::ProcessorKwargs { .. } => "processor_kwargs",
+            AccountingError::VideoUnsupported { .. } => "video_unsupported",
+            AccountingError::VideoTooShort { .. } => "video_too_short",
+            AccountingError::MediaIoKwargs { .. } => "media_io_kwargs",
+            AccountingError::RequestMmKwargs { .. } => "request_mm_kwargs",
             AccountingError::Overflow { .. } => "overflow",
             AccountingError::NeedsRequestContext { .. } => "needs_request_context",
             AccountingError::BudgetUnderflow { .. } => "budget_underflow",

@@ -20,7 +20,11 @@ pub enum Orientation {
 pub struct MediaConfig {
     /// Largest raw (decoded) image, bytes.
     pub max_image_bytes: usize,
-    /// Most image parts in one request.
+    /// Largest raw video (a data URL's decoded bytes, a fetched file), bytes. A video is read whole
+    /// (its sample tables may sit at its end) under the decode budget; a longer one is cut at this
+    /// limit and its request falls back (`too_large`).
+    pub max_video_bytes: usize,
+    /// Most image and video parts in one request.
     pub max_images: usize,
     /// Largest sum of raw image bytes read for one request.
     pub max_total_bytes: usize,
@@ -72,6 +76,7 @@ impl Default for MediaConfig {
     fn default() -> Self {
         MediaConfig {
             max_image_bytes: 20 * 1024 * 1024,
+            max_video_bytes: 32 * 1024 * 1024,
             max_images: 16,
             max_total_bytes: 64 * 1024 * 1024,
             // Pillow's DecompressionBombError threshold: larger images fail in vLLM anyway.
@@ -104,8 +109,9 @@ impl MediaConfig {
 
     /// Checks every value; the message names the offending key.
     pub fn validate(&self) -> Result<(), String> {
-        let positive: [(&str, u64); 8] = [
+        let positive: [(&str, u64); 9] = [
             ("max_image_bytes", self.max_image_bytes as u64),
+            ("max_video_bytes", self.max_video_bytes as u64),
             ("max_images", self.max_images as u64),
             ("max_total_bytes", self.max_total_bytes as u64),
             ("max_pixels", self.max_pixels),

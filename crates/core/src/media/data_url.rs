@@ -46,6 +46,18 @@ fn is_ws(b: u8) -> bool {
 
 /// Checks the `data:` header and computes the decoded length without decoding or allocating.
 pub(crate) fn parse(url: &str) -> Result<DataUrl<'_>, MediaError> {
+    parse_as(url, "image")
+}
+
+/// The media type of a `data:` URL (`video/mp4`, `image/png`, …), lower-cased; `None` if it has none.
+pub(crate) fn media_type(url: &str) -> Option<String> {
+    let rest = url.get(..5).filter(|s| s.eq_ignore_ascii_case("data:")).map(|_| &url[5..])?;
+    let meta = &rest[..rest.find(',')?];
+    Some(meta.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+/// [`parse`] for a data URL whose media type is `top/…` (`image` or `video`).
+pub(crate) fn parse_as<'u>(url: &'u str, top: &str) -> Result<DataUrl<'u>, MediaError> {
     let invalid = |why: &str| MediaError::InvalidDataUrl(why.to_string());
     let rest = match url.get(..5) {
         Some(scheme) if scheme.eq_ignore_ascii_case("data:") => &url[5..],
@@ -55,9 +67,9 @@ pub(crate) fn parse(url: &str) -> Result<DataUrl<'_>, MediaError> {
     let (meta, payload) = (&rest[..comma], &rest[comma + 1..]);
     let mut params = meta.split(';');
     let mime = params.next().unwrap_or("").trim();
-    let is_image = mime.split_once('/').is_some_and(|(top, sub)| top.eq_ignore_ascii_case("image") && !sub.is_empty());
-    if !is_image {
-        return Err(MediaError::InvalidDataUrl(format!("media type '{mime}' is not image/*")));
+    let is_top = mime.split_once('/').is_some_and(|(t, sub)| t.eq_ignore_ascii_case(top) && !sub.is_empty());
+    if !is_top {
+        return Err(MediaError::InvalidDataUrl(format!("media type '{mime}' is not {top}/*")));
     }
     if !params.next_back().is_some_and(|p| p.trim().eq_ignore_ascii_case("base64")) {
         return Err(invalid("only ';base64' payloads are supported"));
@@ -153,7 +165,11 @@ impl DataUrl<'_> {
 /// Decodes a `data:image/…;base64,…` URL, refusing (before allocating) payloads that decode to more
 /// than `max_bytes`.
 pub fn decode_data_url(url: &str, max_bytes: usize) -> Result<Vec<u8>, MediaError> {
-    let parsed = parse(url)?;
+    decode_parsed(parse(url)?, max_bytes)
+}
+
+/// A parsed data URL's payload, whole (refused over `max_bytes` before anything is allocated).
+pub(crate) fn decode_parsed(parsed: DataUrl<'_>, max_bytes: usize) -> Result<Vec<u8>, MediaError> {
     if parsed.decoded_len > max_bytes {
         return Err(MediaError::ImageTooLarge { size: parsed.decoded_len as u64, limit: max_bytes });
     }

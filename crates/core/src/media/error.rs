@@ -52,6 +52,27 @@ pub enum MediaError {
     /// full for as long as a probe may wait.
     #[error("decode budget: {needed} bytes did not fit in media.decode_budget_mb = {limit} bytes in flight within {waited_ms} ms")]
     DecodeBudget { needed: usize, limit: usize, waited_ms: u64 },
+    /// One video is over `media.max_video_bytes`.
+    #[error("video is {size} bytes or more, over media.max_video_bytes = {limit}")]
+    VideoTooLarge { size: u64, limit: usize },
+    /// A container whose frame count the router cannot read as the engine's opencv does (WebM/Matroska,
+    /// AVI, fragmented MP4, several video tracks, an unknown format).
+    #[error("video container: {0}")]
+    VideoContainer(String),
+    /// The clip's timeline is not one frame per sample at one rate (an edit list, a variable frame
+    /// rate, a display matrix that turns the frames).
+    #[error("video timeline: {0}")]
+    VideoTimeline(String),
+    /// A sample-entry codec outside the probed list.
+    #[error("video codec '{0}' is not one the router sizes")]
+    VideoCodec(String),
+    /// Malformed or truncated container boxes, or samples the file does not hold.
+    #[error("invalid video: {0}")]
+    VideoInvalid(String),
+    /// A `video/jpeg` frame list whose frames differ in size (the engine cannot stack them), or with no
+    /// frame.
+    #[error("video frame list: {0}")]
+    VideoFrames(String),
 }
 
 impl MediaError {
@@ -73,6 +94,12 @@ impl MediaError {
             // The same class as a format we do not read: the engine cannot open it either.
             MediaError::UnsupportedFormat(_) | MediaError::EngineRefuses(_) => "unsupported_format",
             MediaError::DecodeBudget { .. } => "decode_budget",
+            MediaError::VideoTooLarge { .. } => "too_large",
+            MediaError::VideoContainer(_) => "video_container",
+            MediaError::VideoTimeline(_) => "video_timeline",
+            MediaError::VideoCodec(_) => "video_codec",
+            MediaError::VideoInvalid(_) => "video_invalid",
+            MediaError::VideoFrames(_) => "video_frames",
         }
     }
 
@@ -104,6 +131,12 @@ mod tests {
             (MediaError::TooManyImages { count: 2, limit: 1 }, "too_many_images"),
             (MediaError::InvalidDataUrl("x".into()), "invalid_data_url"),
             (MediaError::InvalidUrl("x".into()), "invalid_url"),
+            (MediaError::VideoTooLarge { size: 2, limit: 1 }, "too_large"),
+            (MediaError::VideoContainer("x".into()), "video_container"),
+            (MediaError::VideoTimeline("x".into()), "video_timeline"),
+            (MediaError::VideoCodec("x".into()), "video_codec"),
+            (MediaError::VideoInvalid("x".into()), "video_invalid"),
+            (MediaError::VideoFrames("x".into()), "video_frames"),
         ];
         for (err, label) in cases {
             assert_eq!(err.label(), label, "{err}");

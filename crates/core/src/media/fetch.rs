@@ -56,6 +56,19 @@ impl Fetcher {
     /// Fetches `url`, following at most `max_redirects` guarded redirects; every byte read is
     /// charged to `budget`.
     pub(crate) async fn fetch(&self, url: &str, cfg: &MediaConfig, budget: &Budget) -> Result<Vec<u8>, MediaError> {
+        self.fetch_as(url, cfg, budget, false).await
+    }
+
+    /// [`Fetcher::fetch`]; a video is cut at `media.max_video_bytes` instead of the image limit and
+    /// no image header is looked for in it.
+    pub(crate) async fn fetch_as(
+        &self,
+        url: &str,
+        cfg: &MediaConfig,
+        budget: &Budget,
+        video: bool,
+    ) -> Result<Vec<u8>, MediaError> {
+        let max_bytes = if video { cfg.max_video_bytes } else { self.max_bytes };
         let mut url = Url::parse(url).map_err(|e| MediaError::InvalidUrl(format!("{e}: {url}")))?;
         let mut hops = 0usize;
         loop {
@@ -63,7 +76,7 @@ impl Fetcher {
             let response = self
                 .client
                 .get(url.clone())
-                .header(RANGE, format!("bytes=0-{}", self.max_bytes))
+                .header(RANGE, format!("bytes=0-{max_bytes}"))
                 .header(ACCEPT, HeaderValue::from_static("image/*"))
                 .send()
                 .await
@@ -80,7 +93,7 @@ impl Fetcher {
                 url = redirect_target(&url, response.headers().get(LOCATION))?;
                 continue;
             }
-            return self.read_body(response, cfg, budget).await;
+            return self.read_body(response, cfg, budget, video).await;
         }
     }
 
@@ -89,14 +102,19 @@ impl Fetcher {
         mut response: reqwest::Response,
         cfg: &MediaConfig,
         budget: &Budget,
+        video: bool,
     ) -> Result<Vec<u8>, MediaError> {
-        let too_large = |size: u64| MediaError::ImageTooLarge { size, limit: self.max_bytes };
+        let max_bytes = if video { cfg.max_video_bytes } else { self.max_bytes };
+        let too_large = |size: u64| match video {
+            false => MediaError::ImageTooLarge { size, limit: max_bytes },
+            true => MediaError::VideoTooLarge { size, limit: max_bytes },
+        };
         match response.status() {
             StatusCode::OK => {}
             StatusCode::PARTIAL_CONTENT => {
                 let range = response.headers().get(CONTENT_RANGE);
                 if let Some((end, total)) = content_range(range)? {
-                    if total > self.max_bytes as u64 {
+                    if total > max_bytes as u64 {
                         return Err(too_large(total));
                     }
                     if end.checked_add(1) != Some(total) {
@@ -109,15 +127,15 @@ impl Fetcher {
         // The declared length is only a hint for the first allocation and an early refusal;
         // the byte count below is what bounds the read.
         let declared = response.content_length();
-        if let Some(len) = declared.filter(|&l| l > self.max_bytes as u64) {
+        if let Some(len) = declared.filter(|&l| l > max_bytes as u64) {
             return Err(too_large(len));
         }
         let initial = declared.unwrap_or(0).min(HEADER_PROBE_BYTES as u64) as usize;
         let mut body = Vec::with_capacity(initial);
-        let mut header_known = false;
+        let mut header_known = video;
         while let Some(chunk) = response.chunk().await.map_err(|e| self.map_reqwest(e))? {
             let new_len = body.len().saturating_add(chunk.len());
-            if new_len > self.max_bytes {
+            if new_len > max_bytes {
                 return Err(too_large(new_len as u64));
             }
             budget.take(chunk.len())?;

@@ -18,6 +18,7 @@ use crate::media::guard::Guard;
 use crate::media::image::{ImageInfo, Source};
 use crate::media::probe::{probe_bytes, probe_header, transposes, HEADER_PROBE_BYTES};
 use crate::media::resent::{Lookup, ResentImages};
+use crate::media::video::{self, VideoInfo};
 
 /// How long reading and probing one image took (the `mmrouter_image_probe_duration_seconds` sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +32,14 @@ pub struct ProbeTiming {
 #[derive(Debug)]
 pub struct IntakeReport {
     pub images: Result<Vec<ImageInfo>, MediaError>,
+    pub probes: Vec<ProbeTiming>,
+}
+
+/// What intake of a request with videos produced: every image and video, or the first failure, and
+/// the timing of every item that finished.
+#[derive(Debug)]
+pub struct MediaReport {
+    pub media: Result<(Vec<ImageInfo>, Vec<VideoInfo>), MediaError>,
     pub probes: Vec<ProbeTiming>,
 }
 
@@ -109,15 +118,88 @@ impl Intake {
     }
 
     async fn process_all(&self, urls: &[&str], probes: &Mutex<Vec<ProbeTiming>>) -> Result<Vec<ImageInfo>, MediaError> {
+        self.process_both(urls, &[], probes).await.map(|(images, _)| images)
+    }
+
+    /// [`Intake::process`] for a request with videos too: every image and video read and sized,
+    /// concurrently, under one byte budget and one deadline; all or nothing.
+    pub async fn process_media(&self, images: &[&str], videos: &[&str]) -> MediaReport {
+        let probes = Mutex::new(Vec::with_capacity(images.len() + videos.len()));
+        let media = self.process_both(images, videos, &probes).await;
+        MediaReport { media, probes: probes.into_inner().unwrap_or_else(|e| e.into_inner()) }
+    }
+
+    async fn process_both(
+        &self,
+        images: &[&str],
+        videos: &[&str],
+        probes: &Mutex<Vec<ProbeTiming>>,
+    ) -> Result<(Vec<ImageInfo>, Vec<VideoInfo>), MediaError> {
         let cfg = &self.inner.cfg;
-        if urls.len() > cfg.max_images {
-            return Err(MediaError::TooManyImages { count: urls.len(), limit: cfg.max_images });
+        let count = images.len() + videos.len();
+        if count > cfg.max_images {
+            return Err(MediaError::TooManyImages { count, limit: cfg.max_images });
         }
         let budget = Budget::new(cfg.max_total_bytes);
-        let all = try_join_all(urls.iter().map(|url| self.timed(url, &budget, probes)));
+        let images = try_join_all(images.iter().map(|url| self.timed(url, &budget, probes)));
+        let videos = try_join_all(videos.iter().map(|url| self.timed_video(url, &budget, probes)));
+        let all = futures_util::future::try_join(images, videos);
         tokio::time::timeout(Duration::from_millis(cfg.deadline_ms), all)
             .await
             .unwrap_or(Err(MediaError::FetchTimeout { after_ms: cfg.deadline_ms, limit: "media.deadline_ms" }))
+    }
+
+    async fn timed_video(
+        &self,
+        url: &str,
+        budget: &Budget,
+        probes: &Mutex<Vec<ProbeTiming>>,
+    ) -> Result<VideoInfo, MediaError> {
+        let started = Instant::now();
+        let (source, result) = match scheme(url).as_deref() {
+            Some("data") => (Source::DataUrl, self.read_video_data_url(url, budget).await),
+            Some("http") | Some("https") => (Source::Http, self.fetch_video(url, budget).await),
+            _ => return Err(not_fetchable(url)),
+        };
+        let timing = ProbeTiming { source, elapsed: started.elapsed() };
+        probes.lock().unwrap_or_else(|e| e.into_inner()).push(timing);
+        result
+    }
+
+    /// A video data URL: a JPEG frame list, or a file decoded whole (its sample tables may be at its
+    /// end) under a reservation in the decode budget, refused over `media.max_video_bytes` before
+    /// anything is allocated.
+    async fn read_video_data_url(&self, url: &str, budget: &Budget) -> Result<VideoInfo, MediaError> {
+        let cfg = &self.inner.cfg;
+        if video::is_frame_list(url) {
+            return video::read_frame_list(url, cfg, |n| budget.take(n));
+        }
+        let parsed = data_url::parse_as(url, "video")?;
+        let len = parsed.decoded_len;
+        if len > cfg.max_video_bytes {
+            return Err(MediaError::VideoTooLarge { size: len as u64, limit: cfg.max_video_bytes });
+        }
+        budget.take(len)?;
+        let held = self.reserve(len).await?;
+        let bytes = data_url::decode_parsed(parsed, cfg.max_video_bytes)?;
+        let info = video::probe_file(&bytes, cfg, Source::DataUrl);
+        drop((bytes, held));
+        info
+    }
+
+    /// A video URL: fetched whole under the guard, cut at `media.max_video_bytes`.
+    async fn fetch_video(&self, url: &str, budget: &Budget) -> Result<VideoInfo, MediaError> {
+        let inner = &self.inner;
+        let held = self.reserve(inner.cfg.max_video_bytes).await?;
+        let timeout = Duration::from_millis(inner.cfg.fetch_timeout_ms);
+        let fetch = inner.fetcher.fetch_as(url, &inner.cfg, budget, true);
+        let bytes = tokio::time::timeout(timeout, fetch).await.map_err(|_| MediaError::FetchTimeout {
+            after_ms: inner.cfg.fetch_timeout_ms,
+            limit: "media.fetch_timeout_ms",
+        })??;
+        let info = video::probe_file(&bytes, &inner.cfg, Source::Http);
+        drop((bytes, held));
+        info
     }
 
     async fn timed(

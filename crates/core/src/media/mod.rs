@@ -39,15 +39,18 @@ mod fetch;
 mod guard;
 mod image;
 mod intake;
+mod mp4;
 mod probe;
 mod resent;
+mod video;
 
 pub use config::{MediaConfig, Orientation};
 pub use data_url::decode_data_url;
 pub use error::MediaError;
 pub use image::{ImageInfo, Source};
-pub use intake::{Intake, IntakeReport, ProbeTiming};
+pub use intake::{Intake, IntakeReport, MediaReport, ProbeTiming};
 pub use probe::probe_bytes;
+pub use video::{VideoInfo, VideoSource};
 
 /// Intake names each image by its digest; the type lives with the block keys derived from it.
 pub use crate::keys::ImageDigest;

@@ -20,6 +20,7 @@ mod prompt_parity;
 mod request_parse;
 mod routing;
 mod tokenize_parity;
+mod video;
 
 use std::path::PathBuf;
 
