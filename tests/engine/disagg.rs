@@ -184,6 +184,19 @@ async fn legs_to(r: &str, worker: &str, leg: &str) -> f64 {
     )
 }
 
+/// The router's `/metrics` page once `value(page)` reaches `want`, or after 3 s (a request is recorded
+/// when its answer's body ends, a moment after the client has read it).
+async fn page_when(r: &str, value: impl Fn(&str) -> f64, want: f64) -> String {
+    for _ in 0..75 {
+        let page = metrics(r).await;
+        if value(&page) >= want {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    metrics(r).await
+}
+
 /// A router for one pool of workers with roles: `(name, url, role, kv_events)`.
 async fn roles_router(workers: &[(&str, String, &str, Option<String>)]) -> String {
     let mut t = format!("[server]\nhealth_interval_ms = 1000\n[model]\ndir = \"qwen2.5-vl\"\nblock_size = {BLOCK}\n");
@@ -289,11 +302,11 @@ async fn pd_through_the_router(r: &str, p: &Engine, d: &Engine) -> Value {
         let answer = complete(r, body).await;
         assert_eq!(answer.prompt_tokens(), n, "{name}: predicted prompt tokens vs decode's usage");
         assert_eq!(answer.header("x-mmrouter-worker"), Some("decode"), "{name}: decode answers");
-        assert_eq!(
-            legs_to(r, "prefill", "prefill").await - legs,
-            1.0,
-            "{name}: one prefill leg, on the prefill worker"
-        );
+        assert_eq!(answer.header("x-mmrouter-prefill-worker"), Some("prefill"), "{name}: prefilled there");
+        let prefill_legs =
+            |page: &str| metric_sum(page, "mmrouter_worker_legs_total", &["worker=\"prefill\"", "leg=\"prefill\""]);
+        let page = page_when(r, prefill_legs, legs + 1.0).await;
+        assert_eq!(prefill_legs(&page) - legs, 1.0, "{name}: one prefill leg, on the prefill worker");
         let pulled = grown(&d.url(), "external_kv_transfer", pulled, n).await;
         assert_eq!(pulled, n as f64, "{name}: decode's external_kv_transfer tokens vs the predicted prompt tokens");
         let whole = aggregated(&p.url(), body).await;
@@ -362,7 +375,7 @@ async fn prefill_dies_mid_run(r: &str, p: &mut Engine) {
         assert!(!a.ids.is_empty(), "request {i}: no tokens: {:?}", a.json);
         assert_eq!(a.header("x-mmrouter-worker"), Some("decode"), "request {i}");
     }
-    let page = metrics(r).await;
+    let page = page_when(r, |page| count(page).0 + count(page).1, served0 + fell0 + N as f64).await;
     let (served, fell) = count(&page);
     let (served, fell) = (served - served0, fell - fell0);
     assert!(fell >= (N - 3) as f64, "requests after the kill lost their prefill leg: {fell} counted\n{page}");
@@ -498,7 +511,7 @@ async fn epd_through_the_router(r: &str, pd: &Engine, dir: &Path) {
     let before = skipped(&metrics(r).await);
     let repeat = complete(r, &last).await;
     assert_eq!(repeat.header("x-mmrouter-encode-worker"), None, "no encode leg for an image already cached");
-    assert_eq!(skipped(&metrics(r).await) - before, 1.0, "the skipped encode leg counted");
+    assert_eq!(skipped(&page_when(r, skipped, before + 1.0).await) - before, 1.0, "the skipped encode leg counted");
     assert_eq!(repeat.cached_tokens(), expected, "predicted vs reused on the repeat");
     eprintln!("E/PD repeat: encode leg skipped (image inside {expected} cached tokens); encoders used: {used:?}");
 }
