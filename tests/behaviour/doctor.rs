@@ -333,9 +333,14 @@ fn a_closed_pipe_ends_the_doctor_quietly() {
 /// fails `same_model` with a hint; an encode worker's prefix caching is not asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_pools_legs_serve_one_model() {
-    let (p, d) = (sim_with(|_| {}).await, sim_with(|_| {}).await);
-    let other = sim_with(|o| o.model = "another-model".into()).await;
-    let e = sim_with(|_| {}).await;
+    use mmrouter_sim::Role as SimRole;
+    let (p, d) = (sim_with(|o| o.role = SimRole::Prefill).await, sim_with(|o| o.role = SimRole::Decode).await);
+    let other = sim_with(|o| {
+        o.role = SimRole::Decode;
+        o.model = "another-model".into();
+    })
+    .await;
+    let e = sim_with(|o| o.role = SimRole::Encode).await;
     let worker = |sim: &SimHandle, role: &str| {
         format!("[[workers]]\nname = {:?}\nurl = {:?}\nrole = \"{role}\"\n", sim.name(), sim.url())
     };
@@ -355,4 +360,16 @@ async fn a_disaggregated_pools_legs_serve_one_model() {
     assert!(line.detail.contains("another-model") && line.detail.contains(p.name()), "{line:?}");
     assert!(line.hint.as_deref().unwrap().contains("same model"), "{line:?}");
     assert_eq!(status(&lines, e.name(), "cached_tokens").status, Status::Skip, "{lines:#?}");
+    // The path end to end, reported on the first decode worker.
+    let line = status(&lines, d.name(), "pd_path");
+    assert_eq!(line.status, Status::Ok, "{lines:#?}");
+    assert!(line.detail.contains(&format!("prefill '{}' then decode '{}'", p.name(), d.name())), "{line:?}");
+
+    // A "prefill" worker that hands over no KV cache (here an encoder): the path fails, saying where.
+    let toml = [worker(&e, "prefill"), worker(&d, "decode")].concat();
+    let lines = doctor(&toml).await;
+    let line = status(&lines, d.name(), "pd_path");
+    assert_eq!(line.status, Status::Fail, "{lines:#?}");
+    assert!(line.detail.contains("prefill"), "{line:?}");
+    assert!(line.hint.as_deref().unwrap().contains("--kv-transfer-config"), "{line:?}");
 }

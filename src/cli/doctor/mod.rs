@@ -3,7 +3,8 @@
 //! (found, bound, flowing, naming images by the router's uuid), and for built-in probe chats the
 //! worker's own token ids (vLLM's render endpoint), prompt-token counts and cached tokens after a repeat
 //! against what the router computes; in a pool with roles, each worker's role and whether its
-//! prefill, decode and encode workers serve the same model (`roles.rs`). Prints a table with a fix hint per failed line (or `--json`) and
+//! prefill, decode and encode workers serve the same model, and a vLLM P/D pool's legs meet
+//! (`roles.rs`). Prints a table with a fix hint per failed line (or `--json`) and
 //! exits 1 when a check fails.
 //!
 //! Bounded throughout: every answer is read under a cap (`http.rs`), every request within its timeout,
@@ -93,6 +94,16 @@ pub async fn diagnose(settings: &Settings, limits: impl Into<Limits>) -> anyhow:
     for pool in &settings.pools {
         let (checks, after) = rest.split_at_mut(pool.workers.len());
         roles::same_model(pool, checks);
+        if roles::is_disaggregated(pool)
+            && tokio::time::timeout_at(deadline, roles::pd_path(pool, checks, limits.timeout)).await.is_err()
+        {
+            let hint = "raise --deadline-secs, or see why the legs answer slowly (the engines' logs)";
+            checks[0].fail(
+                "deadline",
+                format!("the doctor's deadline ({:?}) passed during pd_path", limits.deadline),
+                hint,
+            );
+        }
         rest = after;
     }
     Ok(per_worker.into_iter().flat_map(|c| c.lines).collect())
