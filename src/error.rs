@@ -1,4 +1,5 @@
-//! OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
+//! OpenAI-shaped error responses: `{"error": {"message", "type", "param", "code"}}` (the OpenAI
+//! SDKs read all four; `param` names the request field at fault, `null` when none is).
 //!
 //! Clients (the OpenAI SDKs, curl scripts) parse this shape; every error the proxy itself produces
 //! goes through [`ApiError`] so none of them is plain text.
@@ -16,11 +17,18 @@ pub struct ApiError {
     pub kind: &'static str,
     /// Stable machine-readable code, e.g. `upstream_timeout`.
     pub code: &'static str,
+    /// The request field at fault, when one is.
+    pub param: Option<&'static str>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, code }
+        ApiError { status, message: message.into(), kind, code, param: None }
+    }
+    /// The same error, naming the request field at fault.
+    pub fn with_param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
     }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
@@ -47,14 +55,19 @@ impl ApiError {
             Some(m) => format!("The model `{m}` does not exist (GET /v1/models lists the models served here)."),
             None => "The request names no `model`; GET /v1/models lists the models served here.".to_owned(),
         };
-        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", message)
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", message).with_param("model")
+    }
+    /// A path (or method) the router does not serve.
+    pub fn unknown_route(method: &str, path: &str) -> Self {
+        let message = format!("Unknown request URL: {method} {path}. Please check the URL and method.");
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "unknown_url", message)
     }
     /// A failure inside the proxy itself (not the client's, not a worker's).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", message)
     }
     pub fn body_json(&self) -> serde_json::Value {
-        serde_json::json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }
 }
 

@@ -31,11 +31,21 @@ fn routes(state: Arc<AppState>) -> axum::Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/{*rest}", any(proxy::passthrough))
+        // vLLM's tokenizer endpoints sit outside /v1: the pool of the body's `model` answers them.
+        .route("/tokenize", post(proxy::passthrough))
+        .route("/detokenize", post(proxy::passthrough))
         .route("/health", get(ops::health_page))
         .route("/metrics", get(ops::metrics_page))
         .route("/debug/route", post(proxy::debug_route))
         .merge(ops::admin_routes(cluster::routes()))
+        .fallback(unknown_route)
         .with_state(state)
+}
+
+/// Anything else: OpenAI's JSON 404, never a bare one.
+async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::error::ApiError::unknown_route(method.as_str(), uri.path()).into_response()
 }
 
 /// Starts health checks and serves until `shutdown` resolves.

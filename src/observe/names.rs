@@ -121,9 +121,10 @@ pub const DISAGG_LEG_DURATION_SECONDS: &str = "mmrouter_disagg_leg_duration_seco
 pub const WORKER_ENGINE_KV_TRANSFER_TOKENS: &str = "mmrouter_worker_engine_kv_transfer_tokens_total";
 /// Counter `{worker}`: the engine's NIXL transfers (`vllm:nixl_xfer_time_seconds_count`).
 pub const WORKER_ENGINE_KV_TRANSFERS: &str = "mmrouter_worker_engine_kv_transfers_total";
-/// Counter `{worker}`: microseconds the engine's NIXL transfers took (`vllm:nixl_xfer_time_seconds_sum`
-/// × 10⁶: the recorder's counters are whole numbers, and whole seconds would lose every transfer).
-pub const WORKER_ENGINE_KV_TRANSFER_MICROS: &str = "mmrouter_worker_engine_kv_transfer_microseconds_total";
+/// Gauge `{worker}`: seconds the engine's NIXL transfers took in all (`vllm:nixl_xfer_time_seconds_sum`,
+/// mirrored: a gauge because the recorder's counters are whole numbers, and whole seconds would lose
+/// every transfer; it only grows, but for an engine restart).
+pub const WORKER_ENGINE_KV_TRANSFER_SECONDS: &str = "mmrouter_worker_engine_kv_transfer_seconds";
 /// Counter `{worker, leg}`: legs sent to each worker.
 pub const WORKER_LEGS_TOTAL: &str = "mmrouter_worker_legs_total";
 

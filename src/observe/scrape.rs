@@ -126,7 +126,7 @@ impl Observer {
             if let Some(t) = w.engine_kv_transfer() {
                 series.counter_for(WORKER_ENGINE_KV_TRANSFER_TOKENS, &[]).absolute(t.tokens);
                 series.counter_for(WORKER_ENGINE_KV_TRANSFERS, &[]).absolute(t.transfers);
-                series.counter_for(WORKER_ENGINE_KV_TRANSFER_MICROS, &[]).absolute(t.micros);
+                series.gauge_for(WORKER_ENGINE_KV_TRANSFER_SECONDS, &[]).set(t.micros as f64 / 1e6);
             }
             if let Some(c) = w.engine_mm_cache() {
                 series.counter_for(WORKER_ENGINE_MM_CACHE_QUERIES, &[]).absolute(c.queries);

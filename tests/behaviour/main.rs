@@ -31,3 +31,4 @@ mod proxy;
 mod readme;
 mod reload;
 mod serve_flags;
+mod surface;

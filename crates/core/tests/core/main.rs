@@ -8,6 +8,7 @@ mod accounting_props;
 /// The seeded multilingual corpus of mmrouter-tokenize's own parity tests, shared rather than copied.
 #[path = "../../../tokenize/tests/tokenize/common/corpus.rs"]
 mod corpus;
+mod encode;
 mod media_common;
 mod media_data_url;
 mod media_fuzz;
