@@ -234,9 +234,9 @@ fn describe(r: &PrometheusRecorder) {
         "Prompt tokens the engine received over its KV connector (its own count), per worker.",
     );
     counter(WORKER_ENGINE_KV_TRANSFERS, "The engine's NIXL transfers (its own count), per worker.");
-    counter(
-        WORKER_ENGINE_KV_TRANSFER_MICROS,
-        "Microseconds the engine's NIXL transfers took (its own sum), per worker.",
+    gauge(
+        WORKER_ENGINE_KV_TRANSFER_SECONDS,
+        "Seconds the engine's NIXL transfers took in all (its own sum), per worker.",
     );
     counter(PROMPT_UNRENDERED_TOTAL, "Chats without media the router could not render, routed by load, by reason.");
     histogram(IMAGE_TOKENS_PER_REQUEST, None, "Image tokens of exact-routed requests.");

@@ -84,7 +84,8 @@ async fn pd_requests_are_prefilled_on_one_worker_and_decoded_on_another() {
     let (p, d) = ([sims[0].name().to_owned(), sims[1].name().to_owned()], sims[2].name().to_owned());
     let c = disagg_proxy(sims, "").await;
     let image = png_data_url(640, 480, 7);
-    let (worker, prefill, _, text) = answer(post(&c.url, chat("Look closely.", &[image.clone()], false)).await).await;
+    let (worker, prefill, _, text) =
+        answer(post(&c.url, chat("Look closely.", std::slice::from_ref(&image), false)).await).await;
     assert_eq!(worker, d);
     assert!(p.contains(&prefill), "prefilled on {prefill}");
     let decode = c.sims[2].stats();
@@ -109,7 +110,7 @@ async fn a_repeat_is_prefilled_where_its_prompt_is_cached() {
     let c = disagg_proxy(sims, "").await;
     let image = png_data_url(320, 240, 9);
     for lead in ["First conversation.", "Second conversation.", "Third conversation."] {
-        let body = chat(lead, &[image.clone()], false);
+        let body = chat(lead, std::slice::from_ref(&image), false);
         let (_, first, _, _) = answer(post(&c.url, body.clone()).await).await;
         let (_, again, _, _) = answer(post(&c.url, body).await).await;
         assert_eq!(again, first, "the repeat of {lead:?} goes to the prefill worker that holds it");
@@ -184,7 +185,7 @@ async fn the_encoder_that_computed_an_image_encodes_it_again() {
     for turn in 0..4 {
         for (i, image) in [&a, &b].into_iter().enumerate() {
             // A new lead each time: the image is never inside a cached prefix, so it needs the encoder.
-            let body = chat(&format!("Turn {turn} about image {i}."), &[image.clone()], false);
+            let body = chat(&format!("Turn {turn} about image {i}."), std::slice::from_ref(image), false);
             let (_, _, encoder, _) = answer(post(&c.url, body).await).await;
             assert!(!encoder.is_empty(), "an encode leg was sent");
             by_image[i].push(encoder);
