@@ -21,7 +21,7 @@ mod num;
 mod phi3v;
 mod pixtral;
 mod qwen;
-mod video;
+pub mod video;
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -30,7 +30,6 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 pub use error::AccountingError;
-pub use video::{VideoCounter, VideoFrames, VideoIo, VideoTokens};
 
 use kwargs::{Layers, CONFIG_FILE, PREPROCESSOR_FILE, REQUEST_KWARGS, SERVER_KWARGS};
 

@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use base64::Engine;
-use mmrouter_core::accounting::{Family, VideoCounter, VideoFrames, VideoIo};
+use mmrouter_core::accounting::video::{VideoCounter, VideoFrames, VideoIo};
+use mmrouter_core::accounting::Family;
 use mmrouter_core::media::{Intake, MediaConfig, VideoInfo, VideoSource};
 use mmrouter_core::prompt::PromptModel;
 use serde_json::{Map, Value};
