@@ -5,8 +5,9 @@
 # install), NIXL for the P/D engines (~470 MB, ~6 s) and the checkpoints (~80 MB each, ~7 s to build).
 # Cost on 2 cores once installed: ~4 min (five engine starts of 45-75 s, two at a time, and the checks),
 # plus disaggregated serving (disagg.rs): two P/D engines, then three E/PD engines, each set started
-# together and checked in ~10-30 s; ~10 min for both on a machine busy with builds (engine starts of
-# ~270 s), ~4-5 min when idle.
+# together and checked in 5-30 s. Measured: 748 s for both on a machine busy with other builds (the
+# engine sets up in 253 and 466 s; the whole suite 1349 s there); an idle machine starts engines 2-4x
+# faster (one alone in ~70 s), so ~5 min is the estimate for CI.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
