@@ -57,6 +57,13 @@ impl ApiError {
         };
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", message).with_param("model")
     }
+    /// A LoRA adapter this pool knows but no worker in rotation lists now.
+    pub fn adapter_not_served(adapter: &str) -> Self {
+        let message = format!(
+            "The model `{adapter}` (a LoRA adapter) is not loaded on any worker now (GET /v1/models lists what is served)."
+        );
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", message).with_param("model")
+    }
     /// A path (or method) the router does not serve.
     pub fn unknown_route(method: &str, path: &str) -> Self {
         let message = format!("Unknown request URL: {method} {path}. Please check the URL and method.");

@@ -30,6 +30,7 @@ fn routes(state: Arc<AppState>) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/v1/{*rest}", any(proxy::passthrough))
         // vLLM's tokenizer endpoints sit outside /v1: the pool of the body's `model` answers them.
         .route("/tokenize", post(proxy::passthrough))
@@ -171,6 +172,11 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     proxy::inference(st, Endpoint::Completion, req).await
+}
+
+/// `GET /v1/models/{id}` (ids may hold `/`, as HF names do).
+async fn model(State(st): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    ops::model(&st, &id)
 }
 
 async fn models(State(st): State<Arc<AppState>>, req: Request) -> Response {

@@ -12,4 +12,4 @@ mod models;
 pub use admin::routes as admin_routes;
 pub use health::health_page;
 pub use metrics::{metrics_page, metrics_text};
-pub use models::models;
+pub use models::{model, models};

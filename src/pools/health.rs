@@ -2,7 +2,8 @@
 //! marked down through the router (which forgets its cached blocks); one that answers again is put
 //! back, and a passing check also ends a half-open period. The checks feed the same state machine as
 //! request outcomes (`mmrouter_core::routing::outlier`); an ejected worker serves its back-off first.
-//! A passing vLLM worker's multimodal-cache counters are read next (`engine_metrics`).
+//! A passing vLLM worker's multimodal-cache counters are read next (`engine_metrics`), and its
+//! `/v1/models` (`served`: the LoRA adapters it serves).
 //!
 //! Each worker's check is a task of its own, bounded by its own timeout, and marks its worker the
 //! moment its answer (or its timeout) is in: a worker that hangs costs its own check and delays no
@@ -12,9 +13,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mmrouter_core::routing::{Engine, Router, Worker};
+use mmrouter_core::routing::{Engine, Worker};
 
 use super::list::Pools;
+use super::pool::Pool;
 use crate::observe::Observer;
 
 /// Polls every worker's `/health` each `interval` (`None`: no active checks).
@@ -41,7 +43,7 @@ pub fn spawn_checks(pools: &Arc<Pools>, interval: Option<Duration>) {
                 // Removed workers are no longer checked (their slots may be reused).
                 for (id, w) in pool.router.live_workers() {
                     let Some(claim) = out.claim(&w) else { continue };
-                    let check = Check { client: client.clone(), router: pool.router.clone(), id, worker: w };
+                    let check = Check { client: client.clone(), pool: pool.clone(), id, worker: w };
                     tokio::spawn(check.run(observe.clone(), claim));
                 }
             }
@@ -52,7 +54,7 @@ pub fn spawn_checks(pools: &Arc<Pools>, interval: Option<Duration>) {
 /// One worker's check in one round.
 struct Check {
     client: reqwest::Client,
-    router: Arc<Router>,
+    pool: Arc<Pool>,
     id: usize,
     /// Held for the check: the id names this worker until it ends.
     worker: Arc<Worker>,
@@ -65,12 +67,14 @@ impl Check {
         if self.worker.is_removed() {
             return;
         }
-        let changed = if ok { self.router.mark_up(self.id) } else { self.router.mark_down(self.id) };
+        let router = &self.pool.router;
+        let changed = if ok { router.mark_up(self.id) } else { router.mark_down(self.id) };
         if changed {
             tracing::warn!(worker = %self.worker.name(), healthy = ok, "worker health changed");
         }
         if ok && self.worker.engine() == Engine::Vllm && self.worker.is_healthy() {
             super::engine_metrics::scrape(&self.client, &self.worker, &observe).await;
+            super::served::refresh(&self.client, &self.worker, &self.pool.pipeline).await;
         }
     }
 }

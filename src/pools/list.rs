@@ -64,7 +64,7 @@ impl Pools {
     }
 
     /// The pool serving `model`: the one listing it, or the catch-all pool of a config without
-    /// `[[pools]]`; `None`: no pool serves it.
+    /// `[[pools]]`, or the one whose workers list it as a LoRA adapter; `None`: no pool serves it.
     pub fn pool_for(&self, model: Option<&str>) -> Option<Arc<Pool>> {
         let pools = self.list();
         if let [only] = pools.as_slice() {
@@ -73,7 +73,8 @@ impl Pools {
             }
         }
         let model = model?;
-        pools.iter().find(|p| p.models.iter().any(|m| m == model)).cloned()
+        let listed = pools.iter().find(|p| p.models.iter().any(|m| m == model));
+        listed.or_else(|| pools.iter().find(|p| p.router.serves_adapter(model))).cloned()
     }
 
     /// Subscribes to the KV events of the workers that publish them (once per pool).

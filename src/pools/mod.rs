@@ -1,6 +1,7 @@
 //! The pools room: the model pools and their workers over time — the pool list ([`list`]) and each
 //! [`Pool`] ([`pool`]), worker changes ([`workers`]) and reloads ([`reload`]), the workers' KV-event
-//! feeds ([`feeds`], [`discovery`]) and active health checks ([`health`]).
+//! feeds ([`feeds`], [`discovery`]), active health checks ([`health`]) and what each worker serves
+//! ([`served`]: its LoRA adapters).
 //!
 //! Architecture invariant: no axum and no app state here — pools know the config, the observer and the
 //! core's routers and pipelines; a feed holds its pool's router weakly. The HTTP side of these
@@ -14,6 +15,7 @@ mod health;
 mod list;
 mod pool;
 mod reload;
+mod served;
 mod workers;
 
 pub use bootstrap::BootstrapState;

@@ -28,6 +28,9 @@ pub struct Ctx {
     /// The body with each exact image's `uuid` written in, built once when a vLLM worker needs it.
     pub spliced: Option<Pieces>,
     pub pool: Option<Arc<Pool>>,
+    /// The LoRA adapter the request's `model` names in its pool, if it names one: only workers serving
+    /// it are selected.
+    pub adapter: Option<String>,
     pub plan: Option<RoutePlan>,
     pub timings: Option<StageTimings>,
     pub probes: Vec<ProbeTiming>,
@@ -64,6 +67,7 @@ impl Ctx {
             body,
             spliced: None,
             pool: None,
+            adapter: None,
             plan: None,
             timings: None,
             probes: Vec::new(),

@@ -44,18 +44,18 @@ pub async fn serve(st: &Arc<AppState>, ctx: &mut Ctx, shape: PoolShape) -> Resul
     let first = if shape.pd { Role::Prefill } else { shape.whole };
     let router = ctx.pool().router.clone();
     let req = forward::select_request(ctx.plan());
-    let mut decision = router.select_for(&req, first);
+    let mut decision = router.select_model(&req, first, ctx.adapter.as_deref());
     // No prefill worker selectable: the request is served whole.
     let no_prefill = decision.is_none() && first != shape.whole;
     if no_prefill {
-        decision = router.select_for(&req, shape.whole);
+        decision = router.select_model(&req, shape.whole, ctx.adapter.as_deref());
     }
     let SelectRequest { images, .. } = req;
     ctx.images = images;
     if no_prefill {
         ctx.legs.push(Leg::skipped(LegKind::Prefill, "no_prefill_worker"));
     }
-    let decision = decision.ok_or_else(ApiError::no_worker)?;
+    let decision = decision.ok_or_else(|| forward::no_worker_for(ctx))?;
     let pd = shape.pd && ctx.pool().router.worker(decision.worker()).role() == Role::Prefill;
     ctx.decision = Some(decision);
     ctx.select = Some(t.elapsed());
@@ -79,7 +79,8 @@ pub async fn serve(st: &Arc<AppState>, ctx: &mut Ctx, shape: PoolShape) -> Resul
 async fn whole(st: &AppState, ctx: &mut Ctx, role: Role, strip: bool) -> Result<Answer, ApiError> {
     if ctx.pool().router.worker(ctx.decision.as_ref().expect("selected").worker()).role() != role {
         let req = forward::select_request(ctx.plan());
-        ctx.decision = Some(ctx.pool().router.select_for(&req, role).ok_or_else(ApiError::no_worker)?);
+        ctx.decision =
+            Some(ctx.pool().router.select_model(&req, role, ctx.adapter.as_deref()).ok_or_else(ApiError::no_worker)?);
     }
     if strip {
         let body = forward::body_for(ctx, Engine::Vllm).into_bytes();
@@ -92,7 +93,7 @@ async fn whole(st: &AppState, ctx: &mut Ctx, role: Role, strip: bool) -> Result<
 /// holds most of the prompt already (what it need not pull) for its load.
 async fn decode_leg(st: &AppState, ctx: &mut Ctx, params: &RawValue) -> Result<Answer, ApiError> {
     let req = forward::select_request(ctx.plan());
-    let Some(decision) = ctx.pool().router.select_for(&req, Role::Decode) else {
+    let Some(decision) = ctx.pool().router.select_model(&req, Role::Decode, ctx.adapter.as_deref()) else {
         return Err(ApiError::no_worker());
     };
     let prefill_overlap = ctx.dispatched_overlap;
@@ -240,7 +241,7 @@ async fn sglang(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<Answer, ApiError> {
     let body = ctx.body.clone();
     let leg = legs::sglang_body(&body, &host, port, room).map_err(leg_refused)?;
     let req = forward::select_request(ctx.plan());
-    let decode = router.select_for(&req, Role::Decode).ok_or_else(ApiError::no_worker)?;
+    let decode = router.select_model(&req, Role::Decode, ctx.adapter.as_deref()).ok_or_else(ApiError::no_worker)?;
     let guard = forward::dispatch(ctx, p, true);
     let (method, path, headers) = (ctx.method.clone(), ctx.path.clone(), ctx.headers.clone());
     let (state, worker, body) = (st.clone(), prefill.clone(), Pieces::from(leg.clone()));

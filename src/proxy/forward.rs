@@ -36,13 +36,23 @@ pub fn select(ctx: &mut Ctx) -> Result<(), ApiError> {
     let req = select_request(ctx.plan());
     // A pool with roles serves passthrough calls on the workers that serve whole requests.
     let role = ctx.pool().router.shape().map_or(Role::Both, |s| s.whole);
-    let decision = ctx.pool().router.select_for(&req, role).ok_or_else(ApiError::no_worker)?;
+    let decision = ctx.pool().router.select_model(&req, role, ctx.adapter.as_deref());
+    let decision = decision.ok_or_else(|| no_worker_for(ctx))?;
     // Kept for dispatch, which records them on the worker it sends the request to.
     let SelectRequest { images, .. } = req;
     ctx.images = images;
     ctx.decision = Some(decision);
     ctx.select = Some(t.elapsed());
     Ok(())
+}
+
+/// Nothing selectable: a LoRA adapter no worker serves is the client's 404 (OpenAI's answer for an
+/// unknown model); otherwise every worker is down or busy.
+pub fn no_worker_for(ctx: &Ctx) -> ApiError {
+    match ctx.adapter.as_deref() {
+        Some(a) if !ctx.pool().router.serves_adapter(a) => ApiError::adapter_not_served(a),
+        _ => ApiError::no_worker(),
+    }
 }
 
 /// What selection needs to know about a plan.

@@ -83,9 +83,11 @@ struct ModelField {
     model: Option<String>,
 }
 
-/// The pool serving the request's `model`.
+/// The pool serving the request's `model`, and the LoRA adapter it names there.
 fn pick_pool(st: &AppState, ctx: &mut Ctx, model: Option<&str>) -> Result<(), ApiError> {
-    ctx.pool = Some(st.pools.pool_for(model).ok_or_else(|| ApiError::model_not_found(model))?);
+    let pool = st.pools.pool_for(model).ok_or_else(|| ApiError::model_not_found(model))?;
+    ctx.adapter = model.filter(|m| pool.pipeline.is_adapter(m)).map(str::to_owned);
+    ctx.pool = Some(pool);
     Ok(())
 }
 

@@ -174,7 +174,10 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 
 fn exact(opts: &SimOptions) -> anyhow::Result<Arc<ExactPrompter>> {
     let model = opts.model_dir.as_deref().unwrap_or("qwen3-vl");
-    Ok(Arc::new(ExactPrompter::new(model, opts.block_size as u32, &opts.fetch_allow_cidrs, &opts.fetch_allow_hosts)?))
+    let prompter = ExactPrompter::new(model, opts.block_size as u32, &opts.fetch_allow_cidrs, &opts.fetch_allow_hosts)?;
+    // An adapter's requests hash with its name in the chain's seed, as vLLM's blocks do.
+    prompter.pipeline.learn_adapters(&opts.lora_modules);
+    Ok(Arc::new(prompter))
 }
 
 /// `mmrouter sim`: one simulated worker with the exact prompter until `shutdown`.

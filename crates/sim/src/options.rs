@@ -93,6 +93,11 @@ pub struct SimOptions {
     /// Served model name (`/v1/models`, metrics label).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
+    /// LoRA adapters served beside the model (repeatable), as vLLM's `--lora-modules NAME=PATH` names
+    /// them: listed in `/v1/models` with the model as `parent`, and a request naming one is keyed
+    /// with the adapter's name, as vLLM keys it.
+    #[arg(long = "lora-modules", value_name = "NAME")]
+    pub lora_modules: Vec<String>,
     /// KV block size in tokens.
     #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
@@ -234,6 +239,7 @@ impl Default for SimOptions {
             host: DEFAULT_HOST.to_owned(),
             name: DEFAULT_NAME.to_owned(),
             model: DEFAULT_MODEL.to_owned(),
+            lora_modules: Vec::new(),
             block_size: DEFAULT_BLOCK_SIZE,
             kv_blocks: DEFAULT_KV_BLOCKS,
             max_running: DEFAULT_MAX_RUNNING,

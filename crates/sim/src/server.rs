@@ -643,10 +643,12 @@ fn engine_id() -> String {
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     let model = &state.opts.model;
-    Json(json!({
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": model}],
-    }))
+    let base = json!({"id": model, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": model, "parent": null});
+    let adapters = state.opts.lora_modules.iter().map(|a| {
+        json!({"id": a, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": a, "parent": model})
+    });
+    let data: Vec<Value> = std::iter::once(base).chain(adapters).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// What vLLM answers for `GET /version`; the sim names itself so a doctor can tell.

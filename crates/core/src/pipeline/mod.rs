@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::accounting::video::{self as video_accounting, VideoCounter, VideoIo};
 use crate::accounting::{AccountingError, Counter};
 use crate::media::MediaConfig;
 use crate::model::ModelSpec;
@@ -39,7 +40,7 @@ use self::read::ImageReader;
 
 pub use self::counter::ImageCounter;
 pub use self::error::{LoadError, Rejection};
-pub use self::output::{Planned, PlannedImage, PromptTrace, Route, RoutePlan, StageTimings, UuidSplice};
+pub use self::output::{Planned, PlannedImage, PlannedVideo, PromptTrace, Route, RoutePlan, StageTimings, UuidSplice};
 pub use self::splice::{splice_uuids, spliced_pieces, Piece};
 
 /// What the pipeline is built from: the served model and the image intake settings.
@@ -55,9 +56,17 @@ pub struct Pipeline {
     /// `Err` when the model has no accounting profile: requests with images then fall back with its label.
     counter: Result<Arc<dyn ImageCounter>, AccountingError>,
     placeholder: Option<String>,
+    /// The video counter (`Err`: requests with videos fall back with its label, nothing read).
+    video: Result<VideoCounter, AccountingError>,
+    /// The video placeholder token's text, where the family has one (even if its videos cannot be
+    /// counted: a fallback's text prefix still stops at the first video).
+    video_placeholder: Option<&'static str>,
+    /// `[model] trust_request_mm_kwargs`: a request's own media kwargs are counted for its videos.
+    trust_request_mm_kwargs: bool,
     model_name: String,
     block_size: u32,
-    lora_adapters: HashSet<String>,
+    /// The pool's LoRA adapters: configured, and learnt from its workers' `/v1/models`.
+    lora_adapters: parking_lot::RwLock<HashSet<String>>,
     default_decode_tokens: u32,
     max_model_len: Option<u32>,
     max_prompt_bytes: usize,
@@ -86,8 +95,19 @@ impl Pipeline {
             },
             false => m.source.load_counter(m.family, &m.processor_kwargs),
         };
+        let video = match (&counter, model.is_mistral()) {
+            (Ok(c), false) => m.source.load_video_counter(c.family(), &m.processor_kwargs, &m.media_io_kwargs),
+            (Ok(_), true) => Err(AccountingError::VideoUnsupported { detail: "tokenizer mode mistral".into() }),
+            (Err(e), _) => Err(e.clone()),
+        };
+        let video_placeholder = counter.as_ref().ok().and_then(|c| video_accounting::placeholder(c.family()));
         let counter = counter.map(|c| Arc::new(c) as Arc<dyn ImageCounter>);
-        Self::with_counter(cfg, model, counter)
+        let mut pipeline = Self::with_counter(cfg, model, counter)?;
+        if let Err(e) = &video {
+            tracing::debug!("video accounting unavailable for model '{}': {e}", m.source.label());
+        }
+        (pipeline.video, pipeline.video_placeholder) = (video, video_placeholder);
+        Ok(pipeline)
     }
 
     /// A pipeline with an explicit counter (tests use failing fakes to exercise the gate).
@@ -107,9 +127,12 @@ impl Pipeline {
             model: Arc::new(model),
             counter,
             placeholder,
+            video: Err(AccountingError::VideoUnsupported { detail: "no video counter".into() }),
+            video_placeholder: None,
+            trust_request_mm_kwargs: m.trust_request_mm_kwargs,
             model_name: m.name.clone(),
             block_size: m.block_size,
-            lora_adapters: m.lora_adapters.iter().cloned().collect(),
+            lora_adapters: parking_lot::RwLock::new(m.lora_adapters.iter().cloned().collect()),
             default_decode_tokens: m.default_decode_tokens,
             max_model_len: m.max_model_len,
             max_prompt_bytes: m.max_prompt_bytes,
@@ -169,7 +192,8 @@ impl Pipeline {
             return Err(Rejection::ClientUuid("an image part names a uuid but carries no image".into()));
         }
         let t = Instant::now();
-        let (images, probes) = self.reader.read(req).await?;
+        let video = self.video_counter(req);
+        let (images, probes) = self.reader.read(req, video.as_ref().err().copied()).await?;
         let intake = t.elapsed();
         let has_media = !matches!(&images, Ok(v) if v.is_empty());
 
@@ -183,7 +207,8 @@ impl Pipeline {
         }
 
         let t = Instant::now();
-        let accounted = images.and_then(|infos| self.accounting().account(req, &tokens, infos));
+        let video = video.ok().flatten();
+        let accounted = images.and_then(|media| self.accounting(video.as_ref()).account(req, &tokens, media));
         let account = t.elapsed();
 
         let t = Instant::now();
@@ -227,20 +252,53 @@ impl Pipeline {
             max_prompt_bytes: Some(self.max_prompt_bytes),
         };
         match self.placeholder.as_deref() {
-            Some(p) => plan::tokenize_chat(&self.model, req, p, &opts),
+            Some(p) => plan::tokenize_media_chat(&self.model, req, p, self.video_placeholder, &opts),
             None => {
                 let (text, ids) = plan::chat_ids(&self.model, req, &opts)?;
-                Ok(ChatTokens { ids, placeholders: Vec::new(), text })
+                Ok(ChatTokens { ids, placeholders: Vec::new(), videos: Vec::new(), text })
             }
         }
     }
 
-    fn accounting(&self) -> Accounting<'_> {
+    fn accounting<'a>(&'a self, video: Option<&'a VideoCounter>) -> Accounting<'a> {
         Accounting {
             counter: &self.counter,
             max_model_len: self.max_model_len,
             trust_client_uuids: self.trust_client_uuids,
+            video,
         }
+    }
+
+    /// The counter for this request's videos (`None` without videos): the pool's, under the request's
+    /// own `media_io_kwargs` when the engines trust them; or why its videos cannot be counted, decided
+    /// before anything is read. Untrusted request kwargs: vLLM refuses the request, whichever worker.
+    fn video_counter(&self, req: &Request<'_>) -> Result<Option<VideoCounter>, &'static str> {
+        if !req.has_videos() {
+            return Ok(None);
+        }
+        let pool = self.video.as_ref().map_err(|e| e.label())?;
+        let set = |key: &str| match req.field(key) {
+            None => None,
+            Some(serde_json::Value::Object(m)) if m.is_empty() => None,
+            Some(v) => Some(v),
+        };
+        let (io, processor) = (set("media_io_kwargs"), set("mm_processor_kwargs"));
+        if io.is_none() && processor.is_none() {
+            return Ok(Some(pool.clone()));
+        }
+        if !self.trust_request_mm_kwargs {
+            let key = if io.is_some() { "media_io_kwargs" } else { "mm_processor_kwargs" };
+            return Err(AccountingError::RequestMmKwargs { key }.label());
+        }
+        if processor.is_some() {
+            // The video processor's kwargs are not modelled: the count would be a guess.
+            return Err("processor_kwargs");
+        }
+        let io = match io {
+            Some(serde_json::Value::Object(m)) => VideoIo::parse(m).map_err(|e| e.label())?,
+            _ => return Err("media_io_kwargs"),
+        };
+        Ok(Some(pool.with_io(pool.io().merged(io))))
     }
 
     fn gate(&self) -> Gate<'_> {
@@ -273,8 +331,22 @@ impl Pipeline {
 
     /// Block-hash seed: the model identity, the LoRA adapter the request names, and its cache_salt.
     fn seed(&self, req: &Request<'_>) -> u64 {
-        let lora = req.str_field("model").filter(|m| self.lora_adapters.contains(*m));
+        let adapters = self.lora_adapters.read();
+        let lora = req.str_field("model").filter(|m| adapters.contains(*m));
         plan::seed(&self.model_name, lora, req.str_field("cache_salt"))
+    }
+
+    /// Whether `model` names one of the pool's LoRA adapters (its requests are keyed and routed by it).
+    pub fn is_adapter(&self, model: &str) -> bool {
+        self.lora_adapters.read().contains(model)
+    }
+
+    /// Adds LoRA adapters a worker lists (names already known are kept): their requests are then keyed
+    /// as the engine keys them, with the adapter's name in the chain's seed.
+    pub fn learn_adapters(&self, names: &[String]) {
+        if names.iter().any(|n| !self.lora_adapters.read().contains(n)) {
+            self.lora_adapters.write().extend(names.iter().cloned());
+        }
     }
 
     /// Expected decode tokens: the request's `max_completion_tokens` or `max_tokens`, else the default.

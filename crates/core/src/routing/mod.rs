@@ -40,7 +40,9 @@ pub use index::{BlockIndex, BySource, Overlap, Source, MAX_WORKERS};
 pub use link::Link;
 pub use load::{InFlight, Load, WorkerLoad};
 pub use outlier::{Availability, EjectionConfig, EjectionError, Failure, Transition};
-pub use worker::{Admission, Engine, EngineKvTransfer, EngineMmCache, LoadGuard, Role, Worker, WorkerSpec};
+pub use worker::{
+    Admission, Engine, EngineKvTransfer, EngineMmCache, LoadGuard, Role, ServedModels, Worker, WorkerSpec,
+};
 
 pub use encode::{EncodePolicy, EncodeRequest};
 pub use policy::SelectRequest;
@@ -594,6 +596,25 @@ impl Router {
         roles
     }
 
+    /// The LoRA adapters the workers in rotation list, each once, sorted.
+    pub fn adapters(&self) -> Vec<String> {
+        let workers = self.workers.read();
+        let mut names: Vec<String> = workers
+            .iter()
+            .filter(|w| w.in_rotation())
+            .filter_map(|w| w.served_models())
+            .flat_map(|s| s.adapters.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Whether some worker in rotation lists LoRA adapter `name`.
+    pub fn serves_adapter(&self, name: &str) -> bool {
+        self.workers.read().iter().any(|w| w.in_rotation() && w.serves_adapter(name) == Some(true))
+    }
+
     /// How the pool serves now, from its workers' roles; `None` for a plain aggregated pool.
     pub fn shape(&self) -> Option<PoolShape> {
         let roles = self.roles();
@@ -609,9 +630,17 @@ impl Router {
     /// prefill load, a decode leg by its own cached prefix (what it need not pull) and load, under the
     /// pool's policy.
     pub fn select_for(&self, req: &SelectRequest<'_>, role: Role) -> Option<Decision> {
+        self.select_model(req, role, None)
+    }
+
+    /// [`select_for`](Self::select_for) a request for LoRA `adapter`: workers whose engine's listing
+    /// lacks it are not ranked (a worker whose listing is not known yet — not read so far, or an engine
+    /// the router does not ask — is).
+    pub fn select_model(&self, req: &SelectRequest<'_>, role: Role, adapter: Option<&str>) -> Option<Decision> {
         let now = Instant::now();
         let workers = self.workers.read().clone();
-        let eligible: Vec<bool> = workers.iter().map(|w| w.role() == role && w.selectable(now)).collect();
+        let serves = |w: &Worker| adapter.is_none_or(|a| w.serves_adapter(a) != Some(false));
+        let eligible: Vec<bool> = workers.iter().map(|w| w.role() == role && w.selectable(now) && serves(w)).collect();
         if !eligible.contains(&true) {
             return None;
         }

@@ -124,6 +124,16 @@ pub struct Worker {
     engine_mm_cache: parking_lot::Mutex<Option<EngineMmCache>>,
     /// The engine's KV-transfer counters (a decode engine's pulls), as last read from its `/metrics`.
     engine_kv_transfer: parking_lot::Mutex<Option<EngineKvTransfer>>,
+    /// What the engine's `/v1/models` last listed (base models and LoRA adapters); `None` until read.
+    served: parking_lot::RwLock<Option<Arc<ServedModels>>>,
+}
+
+/// The models a worker's engine serves, as its `/v1/models` lists them: base models (no `parent`) and
+/// LoRA adapters (whose `parent` is a base model).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServedModels {
+    pub base: Vec<String>,
+    pub adapters: Vec<String>,
 }
 
 /// A disaggregated engine's KV-transfer counters: prompt tokens it received from another engine
@@ -175,6 +185,7 @@ impl Worker {
             images: parking_lot::Mutex::new(Residency::new(budgets)),
             engine_mm_cache: parking_lot::Mutex::new(None),
             engine_kv_transfer: parking_lot::Mutex::new(None),
+            served: parking_lot::RwLock::new(None),
         }
     }
 
@@ -185,6 +196,26 @@ impl Worker {
 
     pub fn set_engine_mm_cache(&self, counters: EngineMmCache) {
         *self.engine_mm_cache.lock() = Some(counters);
+    }
+
+    /// What the engine's `/v1/models` last listed; `None` until it was read.
+    pub fn served_models(&self) -> Option<Arc<ServedModels>> {
+        self.served.read().clone()
+    }
+
+    /// Replaces what the engine serves; true when it changed.
+    pub fn set_served_models(&self, served: ServedModels) -> bool {
+        let mut slot = self.served.write();
+        if slot.as_deref() == Some(&served) {
+            return false;
+        }
+        *slot = Some(Arc::new(served));
+        true
+    }
+
+    /// Whether the engine serves LoRA adapter `name`; `None` while its listing is unknown.
+    pub fn serves_adapter(&self, name: &str) -> Option<bool> {
+        self.served.read().as_ref().map(|s| s.adapters.iter().any(|a| a == name))
     }
 
     /// The engine's KV-transfer counters, if its `/metrics` was read and carried them.
