@@ -30,7 +30,8 @@
 # as "implausible: SECTION / SHAPE / PATH / RUN / FIGURE = VALUE (BOUND)".
 # Usage: bench/run.sh [--quick] [--no-build] [--no-peers] [--only=SECTIONS]
 #   --quick     small workload, short runs (about 20 min on 2 cores once built and installed; the
-#               precise, affinity and replicas sections about 4-5 min each, disagg about 3-4)
+#               precise, affinity and replicas sections about 4-5 min each, disagg about 6: 18 runs of
+#               ~20 s, most of it 8 sims starting)
 #   --no-build  use the existing target/release/mmrouter
 #   --no-peers  skip sglang-router and vllm-router (rows marked n/a)
 #   --only=routing,precise,affinity,overhead,throughput,replicas,disagg  run only these sections (default: all)
@@ -72,7 +73,7 @@ for arg in "$@"; do
     --only=*) ONLY=${arg#--only=} ;;
     --phase=run) PHASE=run ;;
     -h | --help)
-      sed -n '2,56p' "$0"
+      sed -n '2,57p' "$0"
       exit 0
       ;;
     *)
@@ -200,6 +201,8 @@ AFF_PROC_GB=${AFF_PROC_GB:-1} AFF_ENC_TOKENS=${AFF_ENC_TOKENS:-49152}
 # DIS_IMAGE_PX² pixels (1024 encoder tokens each): 40 is 2.5 times what one encoder's cache holds (the sims'
 # default 16384 tokens: 16 images) and 5/8 of what the 4 encoders hold together (64), so an image sent
 # back to the encoder that encoded it hits, and one sent anywhere misses about 60 % of the time.
+# Concurrency 4: the two prefill sims serve ~66 requests/s of that shape (5 ms + ~1 260 tokens × 20 µs);
+# a closed loop that saturates them has a mean latency of concurrency / throughput whatever the encoders do.
 if [[ $QUICK == 1 ]]; then
   DIS_REQUESTS=${DIS_REQUESTS:-240} DIS_ROUNDS=${DIS_ROUNDS:-3}
 else
