@@ -95,7 +95,10 @@ pub(crate) fn costs(workers: &[Arc<Worker>], req: &EncodeRequest<'_>, w: EncodeW
         }
         let held = worker.images_held(req.images);
         let queued = inflight.image_tokens as f64;
-        costs.push(work(req, &held, w) + w.encoder * w.queue * queued);
+        // Equal costs (an image no encoder holds, every encoder idle) go to the encoder holding the
+        // fewest images, so new images spread evenly and each encoder's cache keeps its share whole.
+        let tie_break = worker.images_resident() as f64 * 1e-6;
+        costs.push(work(req, &held, w) + w.encoder * w.queue * queued + tie_break);
         held_tokens.push(req.images.iter().zip(&held).map(|(i, h)| f64::from(i.tokens) * h.encoder).sum());
     }
     (costs, held_tokens)

@@ -5,15 +5,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rand::RngCore;
 
 use super::policy::{Candidates, Pick, Policy};
+use super::worker::Role;
 
 pub(crate) struct RoundRobin {
-    /// The worker chosen last (`usize::MAX` before the first pick).
-    last: AtomicUsize,
+    /// The worker chosen last per role (`usize::MAX` before the first pick): a pool with roles
+    /// selects among one role's workers at a time, and one rotation for all would send every prefill
+    /// pick after a decode pick back to the first prefill worker.
+    last: [AtomicUsize; 4],
 }
 
 impl RoundRobin {
     pub(crate) fn new() -> RoundRobin {
-        RoundRobin { last: AtomicUsize::new(usize::MAX) }
+        RoundRobin { last: std::array::from_fn(|_| AtomicUsize::new(usize::MAX)) }
+    }
+}
+
+/// The rotation a selection belongs to: the role of its eligible workers (one role per selection).
+fn rotation(c: &Candidates<'_>) -> usize {
+    let first = c.eligible.iter().position(|&e| e);
+    match first.map(|i| c.workers[i].role()) {
+        Some(Role::Prefill) => 1,
+        Some(Role::Decode) => 2,
+        Some(Role::Encode) => 3,
+        _ => 0,
     }
 }
 
@@ -33,7 +47,7 @@ impl Policy for RoundRobin {
         // Advancing from the previous *choice* (not a bare counter) keeps the rotation even when some
         // workers are unhealthy: a counter would hand an unhealthy worker's turn to its neighbour.
         let mut chosen = None;
-        let _ = self.last.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+        let _ = self.last[rotation(c)].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
             chosen = next_after(last, c.eligible);
             chosen
         });

@@ -59,3 +59,38 @@ fn no_encoder_no_choice() {
     let r = encoders(0, EncodePolicy::Residency);
     assert!(r.select_encoder(&EncodeRequest { images: &[image(1)] }).is_none());
 }
+
+#[test]
+fn a_new_image_goes_to_the_idle_encoder_holding_the_fewest_images() {
+    let r = encoders(3, EncodePolicy::Residency);
+    r.images_sent(0, &[image(1), image(2)]);
+    r.images_sent(1, &[image(3)]);
+    for _ in 0..10 {
+        assert_eq!(pick(&r, &[image(9)]), 2);
+    }
+}
+
+#[test]
+fn round_robin_rotates_each_role_on_its_own() {
+    let specs = [Role::Prefill, Role::Prefill, Role::Decode, Role::Decode]
+        .iter()
+        .enumerate()
+        .map(|(i, &role)| WorkerSpec::new(format!("w{i}"), "http://127.0.0.1:1").with_role(role))
+        .collect();
+    let cfg = RoutingConfig { policy: mmrouter_core::routing::PolicyKind::RoundRobin, ..RoutingConfig::default() };
+    let r = Router::new(cfg, specs).unwrap();
+    let req = mmrouter_core::routing::SelectRequest {
+        blocks: &[],
+        block_size: 16,
+        prompt_tokens: 10,
+        decode_tokens: 1,
+        images: Vec::new(),
+        unseen: false,
+    };
+    let mut prefill = Vec::new();
+    for _ in 0..4 {
+        prefill.push(r.select_for(&req, Role::Prefill).unwrap().worker());
+        r.select_for(&req, Role::Decode).unwrap();
+    }
+    assert_eq!(prefill, [0, 1, 0, 1], "a decode pick between does not reset the prefill rotation");
+}
