@@ -410,7 +410,7 @@ async fn prefill_and_decode_over_nixl() {
 
 /// E + aggregated PD by hand (vLLM's `disagg_epd_proxy.py`): the encoder answers an image chat with one
 /// token and the image's `ec_transfer_params` (keyed by the client's uuid, its mm hash); the PD engine
-/// then loads the embeddings from storage (its log says so) and answers.
+/// then loads the embeddings from storage (its log says so) and answers as it does encoding alone.
 async fn epd_engines_by_hand(e: &Engine, pd: &Engine, dir: &Path) {
     let uuid = format!("epd-{}", corpus::nonce());
     let mut body = image_chat("rocket.jpg", "describe it", false);
@@ -427,7 +427,18 @@ async fn epd_engines_by_hand(e: &Engine, pd: &Engine, dir: &Path) {
     assert_eq!(answer.prompt_tokens(), encoded.prompt_tokens(), "both count the same prompt");
     let line = format!("Success load encoder cache for hash {uuid}");
     assert!(pd.log().contains(&line), "the PD engine's log has no {line:?}:\n{}", pd.log_tail());
-    eprintln!("E/PD by hand: {uuid} encoded by the encoder, loaded by the PD engine");
+    // The same chat under a uuid the storage lacks: the PD engine encodes the image itself, and answers
+    // the same tokens as with the encoder's embeddings.
+    let local = format!("{uuid}-local");
+    body["messages"][0]["content"][1]["uuid"] = json!(local);
+    let itself = complete(&pd.url(), &body).await;
+    assert!(!pd.log().contains(&format!("Success load encoder cache for hash {local}")), "{local} was loaded");
+    assert!(!answer.ids.is_empty(), "no token ids: {:?}", answer.json);
+    assert_eq!(answer.ids, itself.ids, "with the encoder's embeddings vs with the PD engine's own");
+    eprintln!(
+        "E/PD by hand: {uuid} encoded by the encoder, loaded by the PD engine, {} ids as it answers alone",
+        answer.ids.len()
+    );
 }
 
 /// An image chat about `file` for the E/PD checks: a question with a nonce before the image (no cached
