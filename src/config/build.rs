@@ -252,7 +252,21 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         ),
         None => None,
     };
+    let media_io_kwargs = match &m.media_io_kwargs {
+        None => serde_json::Map::new(),
+        Some(serde_json::Value::String(text)) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => {
+                anyhow::bail!("model.media_io_kwargs: expected a JSON object, e.g. '{{\"video\": {{\"fps\": 4}}}}'")
+            }
+            Err(e) => anyhow::bail!("model.media_io_kwargs: invalid JSON: {e}"),
+        },
+        Some(serde_json::Value::Object(map)) => map.clone(),
+        Some(_) => anyhow::bail!("model.media_io_kwargs: expected a JSON string or a table"),
+    };
     Ok(ModelSpec {
+        media_io_kwargs,
+        trust_request_mm_kwargs: m.trust_request_mm_kwargs,
         chat_template,
         content_format,
         tokenizer_mode,

@@ -196,6 +196,13 @@ pub struct ModelSection {
     pub max_prompt_bytes: usize,
     /// Largest prompt in tokens (text and image tokens); above it: 400 `prompt_too_long`.
     pub max_prompt_tokens: u32,
+    /// Mirrors the workers' `--media-io-kwargs`: its JSON as a string (`'{"video": {"fps": 4}}'`) or
+    /// a table. Its `video` object changes a video's count.
+    pub media_io_kwargs: Option<serde_json::Value>,
+    /// Mirrors the workers' `--trust-request-mm-kwargs`: a request's own `media_io_kwargs` /
+    /// `mm_processor_kwargs` are counted for its videos; off, such a request falls back
+    /// (`request_mm_kwargs`), as vLLM refuses it.
+    pub trust_request_mm_kwargs: bool,
 }
 
 impl Default for ModelSection {
@@ -216,6 +223,8 @@ impl Default for ModelSection {
             tokenizer_mode: "auto".into(),
             max_prompt_bytes: spec.max_prompt_bytes,
             max_prompt_tokens: spec.max_prompt_tokens,
+            media_io_kwargs: None,
+            trust_request_mm_kwargs: spec.trust_request_mm_kwargs,
         }
     }
 }

@@ -65,6 +65,8 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
         "prompt_tokens_exact": plan.prompt_exact,
         "image_tokens": plan.images.iter().map(|i| i.tokens).collect::<Vec<_>>(),
         "images": plan.images,
+        // Per video of an exact plan (in prompt order): what its count comes from.
+        "videos": videos_json(plan),
         "block_size": plan.block_size,
         "blocks": plan.blocks.len(),
         // Text-prefix plans: the leading blocks before the first image; the rest is the affinity tail.
@@ -86,6 +88,21 @@ fn decision_json(router: &Router, plan: &RoutePlan, d: Option<&Decision>) -> ser
             "worker": w.name(), "local": w.inflight(), "remote": w.remote_inflight(),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Each video of an exact plan: its frames after sampling, its groups of two frames, the tokens of
+/// each group and of its whole run (Qwen3-VL's timestamps included), and its encoder tokens.
+fn videos_json(plan: &RoutePlan) -> serde_json::Value {
+    let videos = plan.images.iter().filter_map(|i| {
+        let v = i.video.as_ref()?;
+        Some(serde_json::json!({
+            "hash": i.hash, "format": v.format, "width": i.width, "height": i.height,
+            "frames": v.frames, "groups": v.groups, "tokens_per_group": v.tokens_per_group,
+            "resized": [v.resized.0, v.resized.1], "timestamps": v.timestamps,
+            "feature_tokens": i.feature_tokens, "tokens": i.tokens,
+        }))
+    });
+    serde_json::Value::Array(videos.collect())
 }
 
 /// A pool with roles: which worker each leg would use and why (the decode leg's own ranking, the
@@ -154,6 +171,8 @@ pub fn trace_json(planned: &Planned) -> serde_json::Value {
         "prompt_tokens_exact": plan.prompt_exact,
         "text": trace.and_then(|t| t.text.as_deref()),
         "token_ids": trace.map(|t| &t.ids),
+        // Each image and video of an exact plan, in prompt order (a video with its frames and groups).
+        "images": plan.images,
         "image_spans": trace.map(|t| t.spans.iter().map(|s| serde_json::json!({
             "offset": s.offset, "length": s.len, "hash": format!("{:032x}", s.hash)
         })).collect::<Vec<_>>()),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::accounting::video::{VideoCounter, VideoIo};
 use crate::accounting::{AccountingError, Counter, Family};
 use crate::prompt::{ContentFormat, PromptError, PromptModel};
 
@@ -97,6 +98,45 @@ impl ModelSource {
             ModelSource::Dir(dir) => Counter::from_model_dir(dir, family, kwargs),
         }
     }
+
+    /// The video-token counter of a model of `family`: the video processor's settings from
+    /// `video_preprocessor_config.json`, else (as transformers falls back) `preprocessor_config.json`,
+    /// the server's `processor_kwargs` (not modelled for video: an error when any is set) and the
+    /// engines' `--media-io-kwargs` (`media_io_kwargs`, its `video` object).
+    pub fn load_video_counter(
+        &self,
+        family: Family,
+        processor_kwargs: &Map<String, Value>,
+        media_io_kwargs: &Map<String, Value>,
+    ) -> Result<VideoCounter, AccountingError> {
+        let io = VideoIo::parse(media_io_kwargs)?;
+        let parse = |file: &str, bytes: &[u8]| -> Result<Value, AccountingError> {
+            serde_json::from_slice(bytes)
+                .map_err(|e| AccountingError::ConfigFile { file: file.to_owned(), detail: e.to_string() })
+        };
+        let processor = match self {
+            ModelSource::Bundled(name) => {
+                let found = ["video_preprocessor_config.json", "preprocessor_config.json"]
+                    .into_iter()
+                    .find_map(|f| PromptModel::bundled_file(name, f).map(|b| (f, b)));
+                let (file, bytes) = found.ok_or_else(|| AccountingError::ConfigFile {
+                    file: "preprocessor_config.json".into(),
+                    detail: format!("bundled profile '{name}' lacks it"),
+                })?;
+                parse(file, bytes)?
+            }
+            ModelSource::Dir(dir) => {
+                let video = dir.join("video_preprocessor_config.json");
+                let path = if video.is_file() { video } else { dir.join("preprocessor_config.json") };
+                let bytes = std::fs::read(&path).map_err(|e| AccountingError::ConfigFile {
+                    file: path.display().to_string(),
+                    detail: e.to_string(),
+                })?;
+                parse(&path.display().to_string(), &bytes)?
+            }
+        };
+        VideoCounter::new(family, &processor, processor_kwargs, io)
+    }
 }
 
 /// How the workers build prompt ids (vLLM's `--tokenizer-mode`).
@@ -153,6 +193,11 @@ pub struct ModelSpec {
     pub max_prompt_bytes: usize,
     /// Largest prompt in tokens (text and image tokens) a request may have.
     pub max_prompt_tokens: u32,
+    /// Mirrors the workers' `--media-io-kwargs` (its `video` object changes a video's count).
+    pub media_io_kwargs: Map<String, Value>,
+    /// Mirrors the workers' `--trust-request-mm-kwargs`: a request's own `media_io_kwargs` /
+    /// `mm_processor_kwargs` are counted for its videos only when set (vLLM refuses them otherwise).
+    pub trust_request_mm_kwargs: bool,
 }
 
 /// Default `max_prompt_bytes`: 4 MiB, about a million tokens of English, above every context here.
@@ -178,6 +223,8 @@ impl ModelSpec {
             tokenizer_mode: TokenizerMode::Auto,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
             max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
+            media_io_kwargs: Map::new(),
+            trust_request_mm_kwargs: false,
         }
     }
 }

@@ -23,6 +23,12 @@ pub(super) const VIDEO_PAD: &str = "<|video_pad|>";
 const VISION_START: &str = "<|vision_start|>";
 const VISION_END: &str = "<|vision_end|>";
 
+/// The token a family's chat template writes for a video (replaced by the video's run), where the
+/// router knows it: `<|video_pad|>` for Qwen2-VL / Qwen2.5-VL and Qwen3-VL.
+pub fn placeholder(family: Family) -> Option<&'static str> {
+    matches!(family, Family::Qwen2Vl | Family::Qwen3Vl).then_some(VIDEO_PAD)
+}
+
 /// Both Qwen samplers cap the target rate and the frame count (`_MAX_FPS`, `_MAX_FRAMES`).
 const LOADER_MAX_FPS: f64 = 30.0;
 const LOADER_MAX_FRAMES: u64 = 768;

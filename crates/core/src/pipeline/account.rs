@@ -1,17 +1,19 @@
-//! Stage **account**: every image of the request turned into its token count and its expansion in the
-//! prompt (a token run, or text for families whose expansion merges with its neighbours), with its
-//! identity for the block keys and its plan entry — or the first failure's label.
+//! Stage **account**: every image and video of the request turned into its token count and its
+//! expansion in the prompt (a token run, or text for image families whose expansion merges with its
+//! neighbours), with its identity for the block keys and its plan entry — or the first failure's label.
 
 use std::sync::Arc;
 
+use crate::accounting::video::{VideoCounter, VideoFrames, VideoTokens};
 use crate::accounting::{AccountingError, ImageTokens, RequestContext, RunPart, TextExpansion};
-use crate::keys::image_key;
-use crate::media::ImageInfo;
+use crate::keys::{image_key, ImageDigest};
+use crate::media::{ImageInfo, VideoInfo, VideoSource};
 use crate::pipeline::counter::ImageCounter;
 use crate::pipeline::error::Fallback;
-use crate::pipeline::output::{PlannedImage, UuidSplice};
+use crate::pipeline::output::{PlannedImage, PlannedVideo, UuidSplice};
+use crate::pipeline::read::Media;
 use crate::plan::{ChatTokens, PlanError};
-use crate::request::{ImagePart, Request};
+use crate::request::{ImagePart, MediaKind, Request};
 
 /// What accounting needs from the pipeline, borrowed for one request.
 pub(super) struct Accounting<'p> {
@@ -19,11 +21,63 @@ pub(super) struct Accounting<'p> {
     pub counter: &'p Result<Arc<dyn ImageCounter>, AccountingError>,
     pub max_model_len: Option<u32>,
     pub trust_client_uuids: bool,
+    /// The request's video counter (the pool's, under a trusted request's kwargs); `None` without videos.
+    pub video: Option<&'p VideoCounter>,
 }
 
 impl Accounting<'_> {
-    /// All images of the request, or the first failure's label.
+    /// All images and videos of the request in request order, or the first failure's label.
     pub(super) fn account(
+        &self,
+        req: &Request<'_>,
+        tokens: &Result<Arc<ChatTokens>, PlanError>,
+        media: Vec<Media>,
+    ) -> Result<Vec<Accounted>, Fallback> {
+        let (mut infos, mut videos) = (Vec::new(), Vec::new());
+        for m in media {
+            match m {
+                Media::Image(i) => infos.push(i),
+                Media::Video(v) => videos.push(v),
+            }
+        }
+        let images = self.account_images(req, tokens, infos)?;
+        let videos = match videos.is_empty() {
+            true => Vec::new(),
+            false => self.account_videos(req, videos)?,
+        };
+        // Back in request order: each kind's items are in request order.
+        let (mut images, mut videos) = (images.into_iter(), videos.into_iter());
+        req.images
+            .iter()
+            .map(|part| match part.kind {
+                MediaKind::Image => images.next(),
+                MediaKind::Video => videos.next(),
+            })
+            .collect::<Option<Vec<Accounted>>>()
+            .ok_or("placeholder_mismatch")
+    }
+
+    /// Every video counted by the request's video counter.
+    fn account_videos(&self, req: &Request<'_>, videos: Vec<VideoInfo>) -> Result<Vec<Accounted>, Fallback> {
+        let counter = self.video.ok_or("video_unsupported")?;
+        let parts = req.images.iter().filter(|p| p.is_video());
+        let trust = self.trust_client_uuids;
+        videos
+            .into_iter()
+            .zip(parts)
+            .map(|(info, part)| {
+                let frames = match info.frames {
+                    VideoSource::Container { frames, fps, .. } => VideoFrames::Container { frames, fps },
+                    VideoSource::FrameList { frames } => VideoFrames::FrameList { frames },
+                };
+                let tokens = counter.count(info.width, info.height, frames).map_err(|e| e.label())?;
+                Accounted::video(&info, tokens, part, trust)
+            })
+            .collect()
+    }
+
+    /// Every image of the request (in order), or the first failure's label.
+    fn account_images(
         &self,
         req: &Request<'_>,
         tokens: &Result<Arc<ChatTokens>, PlanError>,
@@ -48,7 +102,7 @@ impl Accounting<'_> {
         infos
             .into_iter()
             .zip(counts)
-            .zip(&req.images)
+            .zip(req.images.iter().filter(|p| !p.is_video()))
             .map(|((info, tokens), part)| Accounted::new(info, tokens, part, trust))
             .collect()
     }
@@ -79,14 +133,52 @@ pub(super) enum Expansion {
     Text(TextExpansion),
 }
 
-/// One image that passed accounting: its identity, its expansion, and its plan entry.
+/// One image or video that passed accounting: its identity, its expansion, and its plan entry.
 pub(super) struct Accounted {
+    pub kind: MediaKind,
     pub hash: u128,
     pub expansion: Expansion,
     pub planned: PlannedImage,
 }
 
+/// A media item's identity: its content digest, written as its `uuid` — or, when trusted, the
+/// client's own uuid, left as sent.
+fn identity(digest: &ImageDigest, part: &ImagePart<'_>, trust: bool) -> (String, u128, Option<UuidSplice>) {
+    match (&part.uuid, trust) {
+        (Some(client), true) => (client.clone(), image_key(client), None),
+        _ => {
+            let splice = UuidSplice { image_url: part.image_url_span.clone(), existing: part.uuid_span.clone() };
+            (digest.hex(), digest.key(), Some(splice))
+        }
+    }
+}
+
 impl Accounted {
+    /// A video: its run (Qwen3-VL's timestamps included) replaces its `<|video_pad|>` placeholder, and
+    /// its feature tokens are what the encoder computes, like an image's.
+    fn video(info: &VideoInfo, tokens: VideoTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
+        let run = tokens.run();
+        let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+        let (hash, key, splice) = identity(&info.digest, part, trust);
+        let planned = PlannedImage {
+            hash,
+            splice,
+            width: info.width,
+            height: info.height,
+            feature_tokens: tokens.feature_tokens(),
+            tokens: len,
+            video: Some(PlannedVideo {
+                format: info.format(),
+                frames: tokens.frames,
+                groups: tokens.groups,
+                tokens_per_group: tokens.tokens_per_group,
+                resized: tokens.resized,
+                timestamps: tokens.timestamps,
+            }),
+        };
+        Ok(Accounted { kind: MediaKind::Video, hash: key, expansion: Expansion::Tokens(run), planned })
+    }
+
     /// The image's identity is its content digest, written as its `uuid` — or, when trusted, the
     /// client's own uuid, left as sent.
     fn new(info: ImageInfo, tokens: ImageTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
@@ -99,13 +191,7 @@ impl Accounted {
             (None, Some(text)) => (Expansion::Text(text.clone()), text.embed_count),
             (None, None) => return Err("expansion_unknown"),
         };
-        let (hash, key, splice) = match (&part.uuid, trust) {
-            (Some(client), true) => (client.clone(), image_key(client), None),
-            _ => {
-                let splice = UuidSplice { image_url: part.image_url_span.clone(), existing: part.uuid_span.clone() };
-                (info.digest.hex(), info.digest.key(), Some(splice))
-            }
-        };
+        let (hash, key, splice) = identity(&info.digest, part, trust);
         let planned = PlannedImage {
             hash,
             splice,
@@ -113,7 +199,8 @@ impl Accounted {
             height: info.height,
             feature_tokens: tokens.feature_tokens,
             tokens: len,
+            video: None,
         };
-        Ok(Accounted { hash: key, expansion, planned })
+        Ok(Accounted { kind: MediaKind::Image, hash: key, expansion, planned })
     }
 }

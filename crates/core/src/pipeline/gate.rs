@@ -13,6 +13,7 @@ use crate::pipeline::error::Fallback;
 use crate::pipeline::output::{PromptTrace, Route, RoutePlan};
 use crate::plan::{self, ChatTokens, PlanError};
 use crate::prompt::PromptModel;
+use crate::request::MediaKind;
 
 /// A plan being built, with its trace if one was asked for.
 pub(super) struct Draft {
@@ -59,11 +60,20 @@ impl Gate<'_> {
                 self.set_blocks(out, &tokens.ids, &[], seed, true);
             }
             (Ok(tokens), Ok(acc)) => match self.expand(&tokens, &acc) {
-                Ok(expanded) => {
+                Ok((expanded, order)) => {
                     out.plan.route = Route::Exact;
                     self.set_blocks(out, &expanded.ids, &expanded.spans, seed, true);
                     out.plan.spans = expanded.spans;
-                    out.plan.images = acc.into_iter().map(|a| a.planned).collect();
+                    // In prompt order, as the spans.
+                    let mut planned: Vec<Option<_>> = acc.into_iter().map(|a| Some(a.planned)).collect();
+                    out.plan.images = order.iter().filter_map(|&i| planned[i].take()).collect();
+                    // A video's run holds texts tokenized on their own (Qwen3-VL's timestamps): its
+                    // tokens are its span's.
+                    for (image, span) in out.plan.images.iter_mut().zip(&out.plan.spans) {
+                        if image.video.is_some() {
+                            image.tokens = span.len;
+                        }
+                    }
                 }
                 Err(e) => {
                     out.plan.route = Route::TextPrefix { reason: e.label() };
@@ -73,9 +83,10 @@ impl Gate<'_> {
         }
     }
 
-    /// Each image's placeholder replaced by its run: in token space, or in text space for families
-    /// whose expansion merges with its neighbours.
-    fn expand(&self, tokens: &ChatTokens, acc: &[Accounted]) -> Result<plan::Expanded, PlanError> {
+    /// Each image's (and video's) placeholder replaced by its run: in token space, or in text space
+    /// for image families whose expansion merges with its neighbours. Also the order of `acc` in the
+    /// prompt (the spans' order).
+    fn expand(&self, tokens: &ChatTokens, acc: &[Accounted]) -> Result<(plan::Expanded, Vec<usize>), PlanError> {
         let texts: Option<Vec<(u128, &TextExpansion)>> = acc
             .iter()
             .map(|a| match &a.expansion {
@@ -84,7 +95,7 @@ impl Gate<'_> {
             })
             .collect();
         if let (Some(texts), Some(p)) = (texts, self.placeholder) {
-            return plan::expand_text(self.model, tokens, p, &texts);
+            return Ok((plan::expand_text(self.model, tokens, p, &texts)?, (0..acc.len()).collect()));
         }
         let runs: Option<Vec<(u128, &[RunPart])>> = acc
             .iter()
@@ -94,7 +105,29 @@ impl Gate<'_> {
             })
             .collect();
         let runs = runs.ok_or(PlanError::InvalidRequest("mixed image expansions".into()))?;
-        plan::expand(self.model, tokens, &runs)
+        if acc.iter().all(|a| a.kind == MediaKind::Image) {
+            return Ok((plan::expand(self.model, tokens, &runs)?, (0..acc.len()).collect()));
+        }
+        // As vLLM, per modality: the n-th image takes the n-th image placeholder, the n-th video the
+        // n-th video placeholder; the runs then go in at those positions, in prompt order.
+        let (mut images, mut videos) = (tokens.placeholders.iter(), tokens.videos.iter());
+        let mut at = Vec::with_capacity(acc.len());
+        for (i, a) in acc.iter().enumerate() {
+            let pos = match a.kind {
+                MediaKind::Image => images.next(),
+                MediaKind::Video => videos.next(),
+            };
+            let mismatch = || PlanError::PlaceholderMismatch {
+                placeholders: tokens.placeholders.len() + tokens.videos.len(),
+                images: acc.len(),
+            };
+            at.push((*pos.ok_or_else(mismatch)?, i));
+        }
+        at.sort_unstable();
+        let positions: Vec<usize> = at.iter().map(|&(p, _)| p).collect();
+        let ordered: Vec<(u128, &[RunPart])> = at.iter().map(|&(_, i)| runs[i]).collect();
+        let expanded = plan::expand_at(self.model, tokens, &positions, &ordered)?;
+        Ok((expanded, at.into_iter().map(|(_, i)| i).collect()))
     }
 
     /// A text-prefix plan's blocks: the text before the first image, then the affinity tail over the
@@ -106,7 +139,8 @@ impl Gate<'_> {
         self.set_blocks(out, &tokens.ids, &[], seed, false);
         let bs = self.block_size.max(1) as usize;
         out.plan.text_blocks = Some(prefix / bs);
-        out.plan.placeholder_blocks = tokens.placeholders.last().map(|&p| p / bs + 1);
+        let last = [tokens.placeholders.last(), tokens.videos.last()].into_iter().flatten().max();
+        out.plan.placeholder_blocks = last.map(|&p| p / bs + 1);
     }
 
     /// The plan routes on `ids` (with `spans`): its block keys, its token count, and whether that is

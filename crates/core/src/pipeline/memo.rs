@@ -35,7 +35,7 @@ pub(crate) struct TokenMemo {
 type Entry = Option<Arc<ChatTokens>>;
 
 fn weight(e: &Entry) -> usize {
-    16 + e.as_ref().map_or(0, |t| t.text.len() + 4 * t.ids.len() + 8 * t.placeholders.len())
+    16 + e.as_ref().map_or(0, |t| t.text.len() + 4 * t.ids.len() + 8 * (t.placeholders.len() + t.videos.len()))
 }
 
 /// A body's standing in the memo.
@@ -82,7 +82,7 @@ mod tests {
     use super::*;
 
     fn tokens(n: usize) -> Arc<ChatTokens> {
-        Arc::new(ChatTokens { ids: vec![7; n], placeholders: Vec::new(), text: "x".repeat(n) })
+        Arc::new(ChatTokens { ids: vec![7; n], placeholders: Vec::new(), videos: Vec::new(), text: "x".repeat(n) })
     }
 
     fn hit(memo: &TokenMemo, key: u128) -> Option<Arc<ChatTokens>> {

@@ -34,7 +34,7 @@ impl Route {
     }
 }
 
-/// One accounted image of an exact plan.
+/// One accounted image (or video: [`PlannedImage::video`]) of an exact plan, in prompt order.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PlannedImage {
     /// The image's identifier: the hex BLAKE3 digest of its bytes (the `uuid` written for vLLM), or the
@@ -48,6 +48,26 @@ pub struct PlannedImage {
     pub feature_tokens: u32,
     /// Tokens that replace the image's placeholder in the prompt.
     pub tokens: u32,
+    /// A video: how it was counted (absent for an image). `width`/`height` are then its frame size,
+    /// `feature_tokens` its `<|video_pad|>` tokens, `tokens` its whole run (timestamps included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub video: Option<PlannedVideo>,
+}
+
+/// How one video of an exact plan was counted.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PlannedVideo {
+    /// `mp4`, `mov` or `jpeg_list`.
+    pub format: &'static str,
+    /// Frames the processor receives (after the engine's sampling).
+    pub frames: u32,
+    /// Temporal groups of two frames.
+    pub groups: u32,
+    pub tokens_per_group: u32,
+    /// Each frame's size after the processor's resize (width, height).
+    pub resized: (u32, u32),
+    /// Qwen3-VL: each group's timestamp text; empty for Qwen2.5-VL.
+    pub timestamps: Vec<String>,
 }
 
 /// Where an image part's `uuid` goes in the received body: replacing the client's value, or as a new

@@ -64,7 +64,7 @@ mod tests {
     use crate::request::{Endpoint, Request};
 
     fn image(hash: &str, splice: Option<UuidSplice>) -> PlannedImage {
-        PlannedImage { hash: hash.into(), splice, width: 1, height: 1, feature_tokens: 1, tokens: 1 }
+        PlannedImage { hash: hash.into(), splice, width: 1, height: 1, feature_tokens: 1, tokens: 1, video: None }
     }
 
     #[test]

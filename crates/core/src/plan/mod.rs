@@ -52,6 +52,9 @@ pub struct ChatTokens {
     pub ids: Vec<u32>,
     /// Positions of the image placeholder token in `ids`, in order.
     pub placeholders: Vec<usize>,
+    /// Positions of the video placeholder token in `ids`, in order (located only for a request with
+    /// video parts, on a model with a video placeholder).
+    pub videos: Vec<usize>,
     /// The rendered prompt (kept for expansions done in text space).
     pub text: String,
 }
@@ -71,16 +74,35 @@ pub fn tokenize_chat(
     placeholder: &str,
     opts: &RenderOptions<'_>,
 ) -> Result<ChatTokens, PlanError> {
-    // A placeholder that is not a token only matters when there are images to put there.
+    tokenize_media_chat(model, request, placeholder, None, opts)
+}
+
+/// [`tokenize_chat`], also finding the video placeholders (`video_placeholder`, e.g.
+/// "<|video_pad|>") when the request has video parts.
+pub fn tokenize_media_chat(
+    model: &PromptModel,
+    request: &Request<'_>,
+    placeholder: &str,
+    video_placeholder: Option<&str>,
+    opts: &RenderOptions<'_>,
+) -> Result<ChatTokens, PlanError> {
+    // A placeholder that is not a token only matters when there is media to put there.
+    let has_images = request.images.iter().any(|i| !i.is_video());
     let placeholder_id = match model.token_id(placeholder) {
         Some(id) => Some(id),
-        None if request.images.is_empty() => None,
+        None if !has_images => None,
         None => return Err(PlanError::PlaceholderNotAToken(placeholder.to_owned())),
     };
+    let video_id = match video_placeholder.filter(|_| request.has_videos()) {
+        Some(p) => Some(model.token_id(p).ok_or_else(|| PlanError::PlaceholderNotAToken(p.to_owned()))?),
+        None => None,
+    };
     let (text, ids) = chat_ids(model, request, opts)?;
-    let placeholders =
-        ids.iter().enumerate().filter_map(|(i, &id)| (Some(id) == placeholder_id).then_some(i)).collect();
-    Ok(ChatTokens { ids, placeholders, text })
+    let at = |want: Option<u32>| -> Vec<usize> {
+        ids.iter().enumerate().filter_map(|(i, &id)| (Some(id) == want).then_some(i)).collect()
+    };
+    let (placeholders, videos) = (at(placeholder_id), at(video_id));
+    Ok(ChatTokens { ids, placeholders, videos, text })
 }
 
 /// Refuses text above `limit` before it is tokenized (the expensive step: ~0.1 µs per token with
@@ -208,7 +230,20 @@ pub fn expand(model: &PromptModel, tokens: &ChatTokens, images: &[(u128, &[RunPa
         return Err(PlanError::PlaceholderMismatch { placeholders: tokens.placeholders.len(), images: images.len() });
     }
     // As vLLM: the first N placeholders are the images'; one the user typed after them stays text.
-    let placeholders = &tokens.placeholders[..images.len()];
+    expand_at(model, tokens, &tokens.placeholders[..images.len()], images)
+}
+
+/// [`expand`] at given placeholder positions (increasing, one per item: images and videos in prompt
+/// order), each replaced by its item's run.
+pub fn expand_at(
+    model: &PromptModel,
+    tokens: &ChatTokens,
+    placeholders: &[usize],
+    images: &[(u128, &[RunPart])],
+) -> Result<Expanded, PlanError> {
+    if placeholders.len() != images.len() {
+        return Err(PlanError::PlaceholderMismatch { placeholders: placeholders.len(), images: images.len() });
+    }
     // ChatTokens has public fields: check the positions before slicing by them.
     let ordered = placeholders.windows(2).all(|w| w[0] < w[1]);
     if !ordered || placeholders.last().is_some_and(|&p| p >= tokens.ids.len()) {
@@ -269,8 +304,9 @@ pub fn expand(model: &PromptModel, tokens: &ChatTokens, images: &[(u128, &[RunPa
     Ok(Expanded { ids, spans })
 }
 
-/// The text-prefix fallback: ids before the first placeholder (all ids if none).
+/// The text-prefix fallback: ids before the first image or video placeholder (all ids if none).
 pub fn text_prefix(tokens: &ChatTokens) -> &[u32] {
-    let end = tokens.placeholders.first().copied().unwrap_or(tokens.ids.len());
+    let first = [tokens.placeholders.first(), tokens.videos.first()].into_iter().flatten().min();
+    let end = first.copied().unwrap_or(tokens.ids.len());
     &tokens.ids[..end.min(tokens.ids.len())]
 }

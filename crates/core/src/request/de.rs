@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{Endpoint, Entry, ImagePart, Message, ParseError, Part, PartError, Request};
+use super::{Endpoint, Entry, ImagePart, MediaKind, Message, ParseError, Part, PartError, Request};
 
 /// Top-level keys the pipeline or the chat template read; everything else is skipped.
 const KNOWN_FIELDS: &[&str] = &[
@@ -34,23 +34,13 @@ const KNOWN_FIELDS: &[&str] = &[
     "stream",
 ];
 
-/// Part types that carry media other than a still image: the router cannot count their tokens, so
-/// they force the fallback instead of being skipped.
-const UNSUPPORTED_KINDS: &[&str] = &[
-    "input_audio",
-    "audio_url",
-    "audio",
-    "video_url",
-    "video",
-    "input_video",
-    "file",
-    "input_file",
-    "image_embeds",
-    "image_pil",
-];
+/// Part types that carry media other than a still image or a `video_url`: the router cannot count
+/// their tokens, so they force the fallback instead of being skipped.
+const UNSUPPORTED_KINDS: &[&str] =
+    &["input_audio", "audio_url", "audio", "video", "input_video", "file", "input_file", "image_embeds", "image_pil"];
 
 /// Part keys holding a media payload; read only for their presence (they may be megabytes).
-const MEDIA_KEYS: &[&str] = &["input_audio", "audio_url", "video_url", "file", "image_embeds", "image", "video"];
+const MEDIA_KEYS: &[&str] = &["input_audio", "audio_url", "file", "image_embeds", "image", "video"];
 
 impl<'a> Request<'a> {
     /// Parses `body` in one pass. Only invalid JSON or a non-object body is an error.
@@ -328,6 +318,7 @@ impl<'a> DeserializeSeed<'a> for PartSeed<'_, 'a> {
 struct RawPart<'a> {
     fields: Vec<(String, Value)>,
     image_url: Option<&'a RawValue>,
+    video_url: Option<&'a RawValue>,
     uuid: Option<&'a RawValue>,
     /// Media payload keys present (values skipped).
     media_keys: Vec<&'static str>,
@@ -350,6 +341,7 @@ impl<'a> Visitor<'a> for PartSeed<'_, 'a> {
         while let Some(key) = map.next_key::<Cow<'a, str>>()? {
             match key.as_ref() {
                 "image_url" => raw.image_url = Some(map.next_value()?),
+                "video_url" => raw.video_url = Some(map.next_value()?),
                 "uuid" => raw.uuid = Some(map.next_value()?),
                 k => match MEDIA_KEYS.iter().find(|m| **m == k) {
                     Some(m) => {
@@ -369,18 +361,21 @@ impl<'a> Visitor<'a> for PartSeed<'_, 'a> {
 fn classify<'a>(raw: RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Part {
     let kind = raw.fields.iter().find(|(k, _)| k == "type").and_then(|(_, v)| v.as_str()).map(str::to_owned);
     let unsupported = |kind: &str| PartError::UnsupportedMedia { message: m, part: p, kind: kind.to_owned() };
-    let fetch_image = match kind.as_deref() {
-        Some("image_url") | Some("input_image") => true,
+    let fetch = match kind.as_deref() {
+        Some("image_url") | Some("input_image") => Some(MediaKind::Image),
+        Some("video_url") => Some(MediaKind::Video),
         Some(k) if UNSUPPORTED_KINDS.contains(&k) => {
             ctx.issue(unsupported(k));
-            false
+            None
         }
-        None => raw.image_url.is_some(),
-        Some(_) => false,
+        None if raw.image_url.is_some() => Some(MediaKind::Image),
+        None if raw.video_url.is_some() => Some(MediaKind::Video),
+        _ => None,
     };
-    if !fetch_image {
+    if fetch.is_none() {
         // An unknown type that still carries a media payload is not silently dropped.
-        if let Some(key) = raw.media_keys.iter().find(|k| !matches!(**k, "image" | "video")) {
+        let video_url = raw.video_url.is_some().then_some("video_url");
+        if let Some(key) = raw.media_keys.iter().copied().find(|k| !matches!(*k, "image" | "video")).or(video_url) {
             ctx.issue(unsupported(kind.as_deref().unwrap_or(key)));
         }
     }
@@ -389,10 +384,10 @@ fn classify<'a>(raw: RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Part
         Some("video_url" | "input_video" | "video") => Some("video"),
         Some(_) => None,
         None if raw.image_url.is_some() || raw.media_keys.contains(&"image") => Some("image"),
-        None if raw.media_keys.contains(&"video_url") => Some("video"),
+        None if raw.video_url.is_some() => Some("video"),
         None => None,
     };
-    let image = if fetch_image { image_part(&raw, m, p, ctx) } else { None };
+    let image = fetch.and_then(|kind| media_part(&raw, kind, m, p, ctx));
     match template_kind {
         Some("image") => Part::Image(image),
         Some(_) => Part::Video,
@@ -455,24 +450,29 @@ fn quick_url(text: &str) -> Option<&str> {
     whole.then(|| &rest[..end])
 }
 
-/// Records an image part to fetch (its index in `ctx.images`), or the reason it cannot be.
-fn image_part<'a>(raw: &RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Option<usize> {
-    let no_image = raw.image_url.is_none_or(|v| v.get() == "null");
-    if no_image && raw.uuid.is_some() {
+/// Records an image or video part to fetch (its index in `ctx.images`), or the reason it cannot be.
+fn media_part<'a>(raw: &RawPart<'a>, kind: MediaKind, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Option<usize> {
+    let (value, key) = match kind {
+        MediaKind::Image => (raw.image_url, "image_url"),
+        MediaKind::Video => (raw.video_url, "video_url"),
+    };
+    let no_media = value.is_none_or(|v| v.get() == "null");
+    if no_media && raw.uuid.is_some() {
         ctx.uuid_only_parts += 1;
     }
-    let Some(value) = raw.image_url else {
-        ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: image_url missing")));
+    let Some(value) = value else {
+        ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: {key} missing")));
         return None;
     };
     let Some(url) = url_of(value) else {
         ctx.issue(PartError::InvalidUrl(format!(
-            "messages[{m}].content[{p}].image_url: expected a string or {{\"url\": string}}"
+            "messages[{m}].content[{p}].{key}: expected a string or {{\"url\": string}}"
         )));
         return None;
     };
     let part = ImagePart {
         url,
+        kind,
         message: m,
         part: p,
         image_url_span: ctx.span(value),
@@ -588,6 +588,31 @@ mod tests {
             matches!(r.media_issue, Some(PartError::UnsupportedMedia { part: 1, ref kind, .. }) if kind == "input_audio")
         );
         let r = chat(br#"{"messages":[{"content":[{"type":"custom","file":{"x":1}}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "unsupported_media");
+    }
+
+    #[test]
+    fn video_url_parts_are_media_with_their_spans() {
+        let body = br#"{"messages":[{"content":[{"type":"image_url","image_url":"i"},{"type":"video_url","video_url":{"url":"data:video/mp4;base64,AAAA"},"uuid":"u"},{"video_url":"v"}]}]}"#;
+        let r = chat(body);
+        assert!(r.media_issue.is_none());
+        let kinds: Vec<MediaKind> = r.images.iter().map(|i| i.kind).collect();
+        assert_eq!(kinds, [MediaKind::Image, MediaKind::Video, MediaKind::Video]);
+        let video = &r.images[1];
+        assert!(matches!(video.url, Cow::Borrowed("data:video/mp4;base64,AAAA")));
+        assert_eq!(&body[video.image_url_span.clone()], br#"{"url":"data:video/mp4;base64,AAAA"}"#);
+        assert_eq!(&body[video.uuid_span.clone().unwrap()], br#""u""#);
+        let parts = match r.messages.as_ref().unwrap()[0].content() {
+            Some(Entry::Parts(p)) => p,
+            _ => panic!("parts"),
+        };
+        assert!(matches!(parts[..], [Part::Image(Some(0)), Part::Video, Part::Video]));
+        assert!(r.body_digest().is_some(), "a chat with videos the router reads is memoized");
+        // No URL: the part cannot be read; a uuid without a video names cached features.
+        let r = chat(br#"{"messages":[{"content":[{"type":"video_url","video_url":null,"uuid":"u"}]}]}"#);
+        assert_eq!((r.media_issue.unwrap().label(), r.uuid_only_parts), ("invalid_url", 1));
+        // Other video part types are still media the router cannot count.
+        let r = chat(br#"{"messages":[{"content":[{"type":"input_video","video":{"x":1}}]}]}"#);
         assert_eq!(r.media_issue.unwrap().label(), "unsupported_media");
     }
 

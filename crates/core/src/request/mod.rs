@@ -52,10 +52,11 @@ pub enum ParseError {
 /// its text prefix. `label()` is the fallback reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PartError {
-    /// Audio, video, files, embeddings: media whose tokens the router cannot count.
+    /// Audio, files, embeddings, videos not sent as `video_url`: media whose tokens the router cannot
+    /// count.
     #[error("messages[{message}].content[{part}]: unsupported media part type '{kind}'")]
     UnsupportedMedia { message: usize, part: usize, kind: String },
-    /// An image part without a usable URL.
+    /// An image or video part without a usable URL.
     #[error("invalid image URL: {0}")]
     InvalidUrl(String),
 }
@@ -77,13 +78,14 @@ pub struct Request<'a> {
     /// The chat's messages, or why they cannot be rendered (`messages` missing or not an array, a
     /// message that is not an object).
     pub messages: Result<Vec<Message>, String>,
-    /// Image parts in request order (only those with a usable URL).
+    /// Media parts to read — images and videos ([`ImagePart::kind`]) — in request order (only those
+    /// with a usable URL).
     pub images: Vec<ImagePart<'a>>,
     /// The first media part the router cannot account for (audio, video, files, embeddings, an image
     /// part without a URL): the request then routes on its text prefix.
     pub media_issue: Option<PartError>,
-    /// Image parts that name a `uuid` but carry no usable image (`"image_url": null`): vLLM would serve
-    /// cached features by that name.
+    /// Image or video parts that name a `uuid` but carry no usable media (`"image_url": null`): vLLM
+    /// would serve cached features by that name.
     pub uuid_only_parts: usize,
     /// A digest of what the prompt renders from (see `body_digest`).
     digest: Option<u128>,
@@ -116,16 +118,28 @@ pub enum Part {
     Json(Value),
 }
 
-/// An image part of the request: its URL and where it sits in the body.
+/// What a media part holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MediaKind {
+    /// An `image_url` part.
+    Image,
+    /// A `video_url` part.
+    Video,
+}
+
+/// A media part of the request (an image, or a video: [`ImagePart::kind`]): its URL and where it
+/// sits in the body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImagePart<'a> {
     /// The `data:`/`http(s):` URL as sent (borrowed unless JSON escapes forced a copy).
     pub url: Cow<'a, str>,
+    /// An image or a video part.
+    pub kind: MediaKind,
     /// Index into `messages`.
     pub message: usize,
     /// Index into that message's `content` array.
     pub part: usize,
-    /// Byte range of the part's `image_url` value in the body.
+    /// Byte range of the part's `image_url` value (a video's `video_url` value) in the body.
     pub image_url_span: Range<usize>,
     /// Byte range of the part's own `uuid` value, if the client sent one.
     pub uuid_span: Option<Range<usize>>,
@@ -133,7 +147,18 @@ pub struct ImagePart<'a> {
     pub uuid: Option<String>,
 }
 
+impl ImagePart<'_> {
+    pub fn is_video(&self) -> bool {
+        self.kind == MediaKind::Video
+    }
+}
+
 impl<'a> Request<'a> {
+    /// Whether any media part to read is a video.
+    pub fn has_videos(&self) -> bool {
+        self.images.iter().any(ImagePart::is_video)
+    }
+
     /// For a chat, a digest of the number of images and the body's bytes outside the images'
     /// `image_url` values, when those are at most 64 KiB and every media part is an image the router
     /// reads: equal digests, equal rendered prompts (the pipeline memoizes them by it).

@@ -123,7 +123,8 @@ fn multi_part_runs_expand_in_order() {
     let parts = [run(img, 3), run(brk, 1), run(img, 3), run(end, 1), run("\n\n", 2)];
     let newline = model.encode("\n\n").unwrap();
     assert_eq!(newline.len(), 1, "\\n\\n is one Qwen token");
-    let tokens = ChatTokens { ids: vec![10, 11, id(PAD), 12], placeholders: vec![2], text: String::new() };
+    let tokens =
+        ChatTokens { ids: vec![10, 11, id(PAD), 12], placeholders: vec![2], videos: Vec::new(), text: String::new() };
     let out = expand(&model, &tokens, &[(7, &parts)]).unwrap();
     let (i, b, e, nl) = (id(img), id(brk), id(end), newline[0]);
     assert_eq!(out.ids, [10, 11, i, i, i, b, i, i, i, e, nl, nl, 12]);
@@ -141,9 +142,10 @@ fn multi_part_runs_expand_in_order() {
 fn malformed_chat_tokens_are_rejected_not_panicking() {
     let model = model();
     let one = [run(PAD, 1)];
-    let out_of_range = ChatTokens { ids: vec![1, 2], placeholders: vec![5], text: String::new() };
+    let out_of_range = ChatTokens { ids: vec![1, 2], placeholders: vec![5], videos: Vec::new(), text: String::new() };
     assert_eq!(expand(&model, &out_of_range, &[(1, &one)]).unwrap_err().label(), "invalid_request");
-    let unordered = ChatTokens { ids: vec![1, 2, 3], placeholders: vec![2, 1], text: String::new() };
+    let unordered =
+        ChatTokens { ids: vec![1, 2, 3], placeholders: vec![2, 1], videos: Vec::new(), text: String::new() };
     assert_eq!(expand(&model, &unordered, &[(1, &one), (2, &one)]).unwrap_err().label(), "invalid_request");
 }
 

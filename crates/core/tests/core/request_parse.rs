@@ -1,7 +1,7 @@
 //! The one-pass request parse on chat-completions bodies: both `image_url` forms, `input_image`,
 //! order, byte spans, other media forcing the fallback, and bodies without images.
 
-use mmrouter_core::request::{Endpoint, ParseError, PartError, Request};
+use mmrouter_core::request::{Endpoint, MediaKind, ParseError, PartError, Request};
 
 fn parse(body: &str) -> Request<'_> {
     Request::parse(Endpoint::Chat, body.as_bytes()).unwrap()
@@ -63,13 +63,12 @@ fn other_media_force_the_fallback() {
     for (part, kind) in [
         (r#"{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}"#, "input_audio"),
         (r#"{"type":"audio_url","audio_url":{"url":"https://a.test/a.mp3"}}"#, "audio_url"),
-        (r#"{"type":"video_url","video_url":{"url":"https://a.test/v.mp4"}}"#, "video_url"),
         (r#"{"type":"file","file":{"file_id":"f"}}"#, "file"),
         (r#"{"type":"input_file","file_id":"f"}"#, "input_file"),
         (r#"{"type":"image_embeds","image_embeds":"AAAA"}"#, "image_embeds"),
         // an unknown type that still carries media is not silently dropped
         (r#"{"type":"x_video","video_url":{"url":"https://a.test/v.mp4"}}"#, "x_video"),
-        (r#"{"video_url":{"url":"https://a.test/v.mp4"}}"#, "video_url"),
+        (r#"{"type":"input_video","video":{"url":"https://a.test/v.mp4"}}"#, "input_video"),
     ] {
         let body = format!(
             r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":"https://a.test/1.png"}},{part}]}}]}}"#
@@ -81,6 +80,19 @@ fn other_media_force_the_fallback() {
             other => panic!("{part}: {other:?}"),
         }
         assert_eq!(parse(&body).media_issue.unwrap().label(), "unsupported_media");
+    }
+    // A `video_url` part, typed or not, is media the router reads (issue 48).
+    for part in [
+        r#"{"type":"video_url","video_url":{"url":"https://a.test/v.mp4"}}"#,
+        r#"{"video_url":{"url":"https://a.test/v.mp4"}}"#,
+    ] {
+        let body = format!(r#"{{"messages":[{{"role":"user","content":[{part}]}}]}}"#);
+        let r = parse(&body);
+        assert!(r.media_issue.is_none(), "{part}");
+        assert_eq!(
+            (r.images.len(), r.images[0].kind, r.images[0].url.as_ref()),
+            (1, MediaKind::Video, "https://a.test/v.mp4")
+        );
     }
 }
 
