@@ -1,5 +1,8 @@
-//! `mmrouter count`: image-token counts for `WxH` sizes and image files, as a table or as the JSON
-//! contract (one array, one object per input, sizes first, then files, in input order).
+//! `mmrouter count`: image-token counts for `WxH` sizes and image files — and video files (`.mp4`,
+//! `.mov`, … by extension: a video's frame size, its `<|video_pad|>` tokens as `feature_tokens` and its
+//! whole run, Qwen3-VL's timestamps included, as `expansion_tokens`, under the engines' default video
+//! settings) — as a table or as the JSON contract (one array, one object per input, sizes first, then
+//! files, in input order).
 //!
 //! The rows are computed by [`count_rows`] and rendered separately, so tests see the exact rows.
 
@@ -7,8 +10,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use mmrouter_core::accounting::video::{VideoCounter, VideoFrames};
 use mmrouter_core::accounting::{Counter, Family};
+use mmrouter_core::media::{probe_video, MediaConfig, VideoSource};
 use mmrouter_core::model::ModelSource;
+use mmrouter_core::prompt::PromptModel;
 use serde::Serialize;
 use serde_json::Map;
 
@@ -56,7 +62,14 @@ pub fn run_count(args: &CountArgs<'_>) -> anyhow::Result<i32> {
     let counter = source
         .load_counter(family, &kwargs)
         .with_context(|| format!("loading the image-token counter for --model-dir {model_dir}"))?;
-    let rows = count_rows(&counter, sizes, files);
+    let video = match files.iter().any(|f| is_video(f)) {
+        true => Some(VideoCount {
+            counter: source.load_video_counter(counter.family(), &kwargs, &Map::new()),
+            model: source.load_prompt().context("loading the tokenizer for video runs")?,
+        }),
+        false => None,
+    };
+    let rows = count_rows_with(&counter, video.as_ref(), sizes, files);
     let out = if json { render_json(&rows)? } else { render_table(&counter, &rows) };
     super::print_quietly(&out)?;
     Ok(if rows.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
@@ -75,12 +88,68 @@ fn parse_kwargs(json: Option<&str>) -> anyhow::Result<Map<String, serde_json::Va
     }
 }
 
-/// Counts every input: sizes first, then files, in order.
+/// Counts every input: sizes first, then files, in order (a video file fails `video_unsupported`).
 pub fn count_rows(counter: &Counter, sizes: &[String], files: &[PathBuf]) -> Vec<CountRow> {
+    count_rows_with(counter, None, sizes, files)
+}
+
+/// What counting a video file needs: the model's video counter (or why it has none) and its
+/// tokenizer (a Qwen3-VL timestamp is text tokenized on its own).
+pub struct VideoCount {
+    pub counter: Result<VideoCounter, mmrouter_core::accounting::AccountingError>,
+    pub model: PromptModel,
+}
+
+/// [`count_rows`], video files counted with `video`.
+pub fn count_rows_with(
+    counter: &Counter,
+    video: Option<&VideoCount>,
+    sizes: &[String],
+    files: &[PathBuf],
+) -> Vec<CountRow> {
     let size_rows = sizes.iter().map(|s| row(counter, s.clone(), parse_size(s).map_err(|_| INVALID_SIZE)));
-    let file_rows =
-        files.iter().map(|f| row(counter, f.display().to_string(), probe_file(f).map_err(|_| PROBE_FAILED)));
+    let file_rows = files.iter().map(|f| match is_video(f) {
+        true => video_row(video, f),
+        false => row(counter, f.display().to_string(), probe_file(f).map_err(|_| PROBE_FAILED)),
+    });
     size_rows.chain(file_rows).collect()
+}
+
+/// A video file, by its extension.
+fn is_video(path: &Path) -> bool {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    matches!(ext.as_deref(), Some("mp4" | "m4v" | "mov" | "webm" | "mkv" | "avi"))
+}
+
+/// One video file: probed from its container (no frame decoded), counted, its run's tokens.
+fn video_row(video: Option<&VideoCount>, path: &Path) -> CountRow {
+    let source = path.display().to_string();
+    let mut out =
+        CountRow { source, width: None, height: None, feature_tokens: None, expansion_tokens: None, error: None };
+    let counted = (|| -> Result<(), String> {
+        let video = video.ok_or("video_unsupported")?;
+        let counter = video.counter.as_ref().map_err(|e| e.label().to_owned())?;
+        let bytes = std::fs::read(path).map_err(|_| PROBE_FAILED.to_owned())?;
+        let info = probe_video(&bytes, &MediaConfig::default()).map_err(|e| e.label().to_owned())?;
+        (out.width, out.height) = (Some(info.width), Some(info.height));
+        let frames = match info.frames {
+            VideoSource::Container { frames, fps, .. } => VideoFrames::Container { frames, fps },
+            VideoSource::FrameList { frames } => VideoFrames::FrameList { frames },
+        };
+        let tokens = counter.count(info.width, info.height, frames).map_err(|e| e.label().to_owned())?;
+        let mut run = 0u32;
+        for part in tokens.run() {
+            let len = match video.model.token_id(&part.text) {
+                Some(_) => 1,
+                None => video.model.encode(&part.text).map_err(|e| e.label().to_owned())?.len() as u32,
+            };
+            run = run.saturating_add(len.saturating_mul(part.repeat));
+        }
+        (out.feature_tokens, out.expansion_tokens) = (Some(tokens.feature_tokens()), Some(run));
+        Ok(())
+    })();
+    out.error = counted.err();
+    out
 }
 
 fn row(counter: &Counter, source: String, size: Result<(u32, u32), &'static str>) -> CountRow {
@@ -181,6 +250,28 @@ mod tests {
         assert!(parse_size("640*480").is_err());
         assert!(parse_size("-1x5").is_err());
         assert!(parse_size("x5").is_err());
+    }
+
+    #[test]
+    fn video_files_are_counted_with_their_whole_run() {
+        let clips = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/video/clips");
+        let source = ModelSource::Bundled("qwen3-vl");
+        let counter = source.load_counter(None, &Map::new()).unwrap();
+        let video = VideoCount {
+            counter: source.load_video_counter(counter.family(), &Map::new(), &Map::new()),
+            model: source.load_prompt().unwrap(),
+        };
+        let files = ["v01_64x48_10fps_20f.mp4", "v10_64x48_10fps_20f.avi"].map(|f| Path::new(clips).join(f));
+        let rows = count_rows_with(&counter, Some(&video), &[], &files);
+        // tests/fixtures/video/goldens.json, qwen3_vl/default: the clip's video span is 56 tokens,
+        // two groups of 20 pads, each with its timestamp (6 tokens) and vision markers.
+        assert_eq!((rows[0].width, rows[0].height), (Some(64), Some(48)));
+        assert_eq!(
+            (rows[0].feature_tokens, rows[0].expansion_tokens, rows[0].error.as_deref()),
+            (Some(40), Some(56), None)
+        );
+        assert_eq!(rows[1].error.as_deref(), Some("video_container"));
+        assert_eq!(count_rows(&counter, &[], &files[..1])[0].error.as_deref(), Some("video_unsupported"));
     }
 
     #[test]

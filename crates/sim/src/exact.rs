@@ -112,6 +112,10 @@ const ENGINE_REJECTS: &[&str] = &[
     "decode_failed",
     "unsupported_format",
     "probe_failed",
+    // vLLM 0.32 fails a one-frame clip (Qwen2.5-VL divides by zero, Qwen3-VL's resize refuses it) and
+    // refuses per-request media kwargs without --trust-request-mm-kwargs.
+    "video_too_short",
+    "request_mm_kwargs",
 ];
 
 /// Each image run of the prompt with its engine name: the part's `uuid` verbatim, else the sim's own

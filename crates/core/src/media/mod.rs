@@ -50,7 +50,7 @@ pub use error::MediaError;
 pub use image::{ImageInfo, Source};
 pub use intake::{Intake, IntakeReport, MediaReport, ProbeTiming};
 pub use probe::probe_bytes;
-pub use video::{VideoInfo, VideoSource};
+pub use video::{probe_video, VideoInfo, VideoSource};
 
 /// Intake names each image by its digest; the type lives with the block keys derived from it.
 pub use crate::keys::ImageDigest;

@@ -50,6 +50,15 @@ impl VideoInfo {
     }
 }
 
+/// A video file's size, frames and rate as the engine's opencv loader reads them (a local file, e.g.
+/// for `mmrouter count`), refused over `media.max_video_bytes`.
+pub fn probe_video(bytes: &[u8], cfg: &MediaConfig) -> Result<VideoInfo, MediaError> {
+    if bytes.len() > cfg.max_video_bytes {
+        return Err(MediaError::VideoTooLarge { size: bytes.len() as u64, limit: cfg.max_video_bytes });
+    }
+    probe_file(bytes, cfg, Source::DataUrl)
+}
+
 /// Sizes a whole video file as the engine's opencv loader would open it.
 pub(crate) fn probe_file(bytes: &[u8], cfg: &MediaConfig, source: Source) -> Result<VideoInfo, MediaError> {
     let (container, probed) = match container_of(bytes) {
