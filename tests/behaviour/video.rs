@@ -106,3 +106,37 @@ async fn a_clip_the_router_cannot_size_is_a_counted_fallback_forwarded_as_sent()
         assert_eq!(d["images"], json!([]));
     }
 }
+
+/// `mmrouter render` and `mmrouter count` on a video: the renderer's ids with the video's frames and
+/// groups, and the clip's tokens.
+#[test]
+fn render_and_count_show_a_videos_frames_groups_and_tokens() {
+    let name = "v01_64x48_10fps_20f.mp4";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("request.json");
+    std::fs::write(&path, video_chat(name, "video/mp4")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .args(["render", "--model-dir", "qwen3-vl"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["route"], "exact");
+    let ids: Vec<u64> = serde_json::from_value(got["token_ids"].clone()).unwrap();
+    assert_eq!(ids, golden_ids(name));
+    let video = &got["images"][0]["video"];
+    assert_eq!((video["frames"].as_u64(), video["groups"].as_u64()), (Some(4), Some(2)), "{got}");
+    assert_eq!(got["images"][0]["tokens"], got["image_spans"][0]["length"]);
+
+    let clip = format!("{}/tests/fixtures/video/clips/{name}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mmrouter"))
+        .args(["count", "--model-dir", "qwen3-vl", "--json"])
+        .arg(&clip)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let span = got["image_spans"][0]["length"].as_u64();
+    assert_eq!((rows[0]["width"].as_u64(), rows[0]["expansion_tokens"].as_u64()), (Some(64), span), "{rows}");
+}
