@@ -13,6 +13,7 @@ mod corpus;
 mod disagg;
 mod engine;
 mod tee;
+mod video;
 
 use std::time::Duration;
 
