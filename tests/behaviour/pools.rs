@@ -2,9 +2,13 @@
 
 use crate::harness::*;
 
-/// Two pools of one sim each: Qwen3-VL (with a LoRA adapter) and Qwen2.5-VL.
+/// Two pools of one sim each: Qwen3-VL (with a LoRA adapter its worker serves) and Qwen2.5-VL.
 async fn two_pools() -> Cluster {
-    let qwen3 = sims(1, fast).await;
+    let qwen3 = sims(1, |o| {
+        fast(o);
+        o.lora_modules = vec!["qwen3-sql-lora".into()];
+    })
+    .await;
     let qwen25 = sims(1, |o| {
         fast(o);
         o.model_dir = Some("qwen2.5-vl".into());
