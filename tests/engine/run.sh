@@ -3,7 +3,9 @@
 # profiles' real files, behind the router. `prepare.sh` installs what it needs into a cache that later
 # runs reuse ($MMROUTER_ENGINE_CACHE, default ~/.cache/mmrouter): the vLLM venv (~6.3 GB, 1.5-4 min to
 # install), NIXL for the P/D engines (~470 MB, ~6 s) and the checkpoints (~80 MB each, ~7 s to build).
-# Cost on 2 cores once installed: ~4 min (five engine starts of 45-75 s, two at a time, and the checks),
+# Cost on 2 cores once installed: ~8 min (engine starts of 45-80 s, two at a time, and the checks; the
+# video tests (video.rs) take 95-147 s for their two engines, and 65-80 s more for the fps-4 one
+# (measured: 63-76 s to start it, ~4 s of checks; both video tests 162 s),
 # plus disaggregated serving (disagg.rs): two P/D engines, then three E/PD engines, each set started
 # together and checked in 5-30 s. Measured: 748 s for both on a machine busy with other builds (the
 # engine sets up in 253 and 466 s; the whole suite 1349 s there); an idle machine starts engines 2-4x

@@ -5,6 +5,10 @@
 //! `usage.prompt_tokens`, and a repeat lands on the same engine with `cached_tokens` = the predicted
 //! overlap. A clip the router cannot size (AVI, WebM) is a counted `video_container` fallback that the
 //! engine still serves (forwarded as sent).
+//!
+//! A third engine runs with `--media-io-kwargs '{"video": {"fps": 4}}'`: a router whose pool mirrors it
+//! (`[model] media_io_kwargs`) counts what it counts, clip for clip, and a router left at the defaults
+//! in front of it shows the difference as prompt-token drift.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -13,6 +17,8 @@ use crate::client::*;
 use crate::{engines, feeds_connected, opts, pool_toml, router, BLOCK};
 
 const LIMIT: &str = r#"{"image":8,"video":1}"#;
+/// The engines' `--media-io-kwargs` and the pool's `[model] media_io_kwargs` of the fps test.
+const FPS4: &str = r#"{"video": {"fps": 4}}"#;
 
 fn clips() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/video/clips")
@@ -99,4 +105,86 @@ async fn video_counts_are_the_engines() {
             eprintln!("{what}: {n} tokens, ids equal, {expected} cached on the repeat");
         }
     }
+}
+
+/// `(count, sum)` of the router's `mmrouter_prompt_tokens_drift` histogram (usage minus predicted).
+fn drift(page: &str) -> (f64, f64) {
+    let value = |suffix: &str| {
+        let name = format!("mmrouter_prompt_tokens_drift_{suffix}");
+        page.lines()
+            .filter(|l| l.starts_with(&name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{')))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    (value("count"), value("sum"))
+}
+
+/// Waits until the router has observed `count` answers (the drift is recorded when a body ends).
+async fn drift_after(router: &str, count: f64) -> (f64, f64) {
+    for _ in 0..100 {
+        let d = drift(&metrics(router).await);
+        if d.0 >= count {
+            return d;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the router never observed {count} answers:\n{}", metrics(router).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs vLLM: tests/engine/run.sh"]
+async fn a_pool_set_like_its_engines_media_io_kwargs_counts_what_they_count() {
+    let mut o = opts("video-q3-fps4", "qwen3-vl");
+    o.extra = vec!["--limit-mm-per-prompt".into(), LIMIT.into(), "--media-io-kwargs".into(), FPS4.into()];
+    let es = engines(vec![o]).await;
+    let (engine, model) = (&es[0], "qwen3-vl");
+    let name = engine.opts.name;
+    let workers = [(name, engine.url(), engine.events_endpoint())];
+    let default_toml = pool_toml(model, &workers, "");
+    let set_toml = default_toml.replacen("[model]\n", &format!("[model]\nmedia_io_kwargs = '{FPS4}'\n"), 1);
+    assert_ne!(set_toml, default_toml);
+    let (set, default) = (router(&set_toml).await, router(&default_toml).await);
+    feeds_connected(&set, &[name]).await;
+    feeds_connected(&default, &[name]).await;
+    let mut names: Vec<String> =
+        std::fs::read_dir(clips()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    // Every clip the router sizes (MP4, MOV, the frame list; not the one-frame clip the engine refuses).
+    names.retain(|c| !c.starts_with("v06_") && !c.ends_with(".avi") && !c.ends_with(".webm"));
+    assert_eq!(names.len(), 9);
+    let (mut differ, mut answered) = (Vec::new(), 0.0);
+    for clip in &names {
+        let what = format!("{model} fps 4 {clip}");
+        let body = body(model, clip);
+        let plan = debug(&set, &body).await;
+        assert_eq!(plan["route"], "exact", "{what}: {plan}");
+        assert_eq!(ids(&plan), engine_ids(&engine.url(), &body).await, "{what}: router ids vs the engine's render");
+        let n = plan["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(chat(&set, &body).await.prompt_tokens(), n, "{what}: predicted prompt tokens vs usage");
+        answered += 1.0;
+        let unset = debug(&default, &body).await;
+        assert_eq!(unset["route"], "exact", "{what}: {unset}");
+        let m = unset["prompt_tokens"].as_u64().unwrap();
+        eprintln!("{what}: {n} tokens, ids equal (the default-fps pool predicts {m})");
+        if m != n {
+            differ.push((clip.clone(), body, n, m));
+        }
+    }
+    // The pool mirroring the engine saw no drift at all.
+    assert_eq!(drift_after(&set, answered).await, (answered, 0.0), "drift of the pool set like its engine");
+    // The setting matters: some clips count otherwise at the default fps (as the goldens say: v01, v02,
+    // v07, v08, v09), and a pool left at the default shows it as drift against this engine.
+    let changed: Vec<&str> = differ.iter().map(|d| d.0.as_str()).collect();
+    assert!(changed.len() >= 3, "fps 4 changed too few counts: {changed:?}");
+    let (clip, body, n, m) = &differ[0];
+    let used = chat(&default, body).await.prompt_tokens();
+    assert_eq!(used, *n, "{clip}: the engine counts at its own fps, whatever the router predicted");
+    assert_ne!(used, *m, "{clip}: the misconfigured pool's prediction");
+    let (count, sum) = drift_after(&default, 1.0).await;
+    assert_eq!((count, sum), (1.0, *n as f64 - *m as f64), "{clip}: the default pool's drift");
+    eprintln!(
+        "fps 4: {} of {} counts differ from the default fps ({changed:?}); a default pool drifts by {sum} on {clip}",
+        changed.len(),
+        names.len()
+    );
 }

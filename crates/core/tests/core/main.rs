@@ -22,6 +22,7 @@ mod request_parse;
 mod routing;
 mod tokenize_parity;
 mod video;
+mod video_bounds;
 mod video_plan;
 
 use std::path::PathBuf;
