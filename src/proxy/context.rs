@@ -46,10 +46,6 @@ pub struct Ctx {
     pub ejected: Vec<Arc<Worker>>,
     /// Disaggregated serving: the body the next attempts send instead of the received one (a leg's).
     pub leg_body: Option<Bytes>,
-    /// The prefill leg's ranking, once the decode leg's has taken `decision`'s place.
-    pub prefill: Option<Decision>,
-    /// The encode leg's ranking, when one was sent.
-    pub encode: Option<Decision>,
     /// What each leg of a disaggregated request did, in order.
     pub legs: Vec<Leg>,
 }
@@ -79,8 +75,6 @@ impl Ctx {
             retry_budget_exhausted: false,
             ejected: Vec::new(),
             leg_body: None,
-            prefill: None,
-            encode: None,
             legs: Vec::new(),
         }
     }

@@ -99,7 +99,7 @@ async fn decode_leg(st: &AppState, ctx: &mut Ctx, params: &RawValue) -> Result<A
     let prefill_overlap = ctx.dispatched_overlap;
     let body = forward::body_for(ctx, Engine::Vllm).into_bytes();
     ctx.leg_body = Some(legs::decode_body(&body, params).map_err(leg_refused)?);
-    ctx.prefill = ctx.decision.replace(decision);
+    ctx.decision = Some(decision);
     let t = Instant::now();
     let answer = forward::forward(st, ctx).await;
     // The request's KV routing was the prefill's: its predicted overlap is the one observed.
@@ -198,7 +198,6 @@ async fn encode_leg(st: &AppState, ctx: &mut Ctx) {
             LegOutcome::Failed(failure.label())
         }
     };
-    ctx.encode = Some(decision);
     ctx.legs.push(Leg { kind: LegKind::Encode, worker: Some(name), outcome, elapsed: Some(t.elapsed()) });
 }
 
@@ -259,7 +258,7 @@ async fn sglang(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<Answer, ApiError> {
     };
     let prefill_task = tokio::spawn(prefill_leg);
     ctx.leg_body = Some(leg);
-    ctx.prefill = ctx.decision.replace(decode);
+    ctx.decision = Some(decode);
     let answer = forward::forward(st, ctx).await;
     let name = prefill.name().to_owned();
     let outcome = match (&answer, prefill_task.is_finished()) {
