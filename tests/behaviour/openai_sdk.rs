@@ -110,6 +110,13 @@ fn openai_python_sdk_round_trips_through_the_proxy() {
         assert_eq!(l["status"], 413, "{l}");
         assert_eq!(l["code"], "body_too_large", "{l}");
         assert!(l["message"].as_str().is_some_and(|m| m.contains("max_body_bytes")), "{l}");
+
+        // The SDK's models.retrieve: the model the workers list, and OpenAI's 404 for another.
+        assert_eq!(out["retrieve"]["id"], MODEL, "{out}");
+        assert_eq!(out["retrieve"]["object"], "model", "{out}");
+        let u = &out["retrieve_unknown"];
+        assert_eq!((u["exception"].clone(), u["status"].clone()), ("NotFoundError".into(), 404.into()), "{u}");
+        assert_eq!(u["code"], "model_not_found", "{u}");
     });
 }
 

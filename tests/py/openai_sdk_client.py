@@ -104,6 +104,10 @@ def main():
     out["too_large"] = expect_error(
         lambda: client.chat.completions.create(model=model, messages=big, max_tokens=1)
     )
+    # models.retrieve: GET /v1/models/{id}, answered by the router (vLLM answers it 404).
+    m = client.models.retrieve(model)
+    out["retrieve"] = {"id": m.id, "object": m.object}
+    out["retrieve_unknown"] = expect_error(lambda: client.models.retrieve("no-such-model"))
     json.dump(out, sys.stdout)
 
 
