@@ -12,6 +12,8 @@
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::{ServedModels, Worker};
 
+use super::engine_metrics::read_page;
+
 /// A `/v1/models` page larger than this is not read (vLLM's is a few hundred bytes per model).
 const MAX_PAGE_BYTES: usize = 1 << 20;
 /// Most models one worker may list.
@@ -21,7 +23,7 @@ pub const MAX_NAME: usize = 256;
 
 /// Reads `w`'s listing; a change is applied to the worker and its adapters taught to `pipeline`.
 pub async fn refresh(client: &reqwest::Client, w: &Worker, pipeline: &Pipeline) {
-    let Some(page) = read(client, w.url()).await else { return };
+    let Some(page) = read_page(client, w.url(), "/v1/models", MAX_PAGE_BYTES).await else { return };
     let Some(served) = parse(&page) else {
         tracing::debug!(worker = %w.name(), "a /v1/models listing out of bounds was ignored");
         return;
@@ -30,22 +32,6 @@ pub async fn refresh(client: &reqwest::Client, w: &Worker, pipeline: &Pipeline) 
     if w.set_served_models(served) {
         tracing::info!(worker = %w.name(), adapters = ?w.served_models().map(|s| s.adapters.clone()), "worker's models changed");
     }
-}
-
-async fn read(client: &reqwest::Client, base: &str) -> Option<Vec<u8>> {
-    let url = format!("{}/v1/models", base.trim_end_matches('/'));
-    let mut resp = client.get(url).send().await.ok()?;
-    if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_PAGE_BYTES as u64) {
-        return None;
-    }
-    let mut page = Vec::new();
-    while let Some(chunk) = resp.chunk().await.ok()? {
-        if page.len() + chunk.len() > MAX_PAGE_BYTES {
-            return None;
-        }
-        page.extend_from_slice(&chunk);
-    }
-    Some(page)
 }
 
 /// The listing's base models and adapters; `None` when it is not OpenAI's shape or breaks a bound.

@@ -30,12 +30,10 @@ struct Failed {
     answer: Result<Answer, ApiError>,
 }
 
-/// Ranks the pool's workers for the plan.
-pub fn select(ctx: &mut Ctx) -> Result<(), ApiError> {
+/// Ranks the pool's workers of `role` (those serving whole requests) for the plan.
+pub fn select(ctx: &mut Ctx, role: Role) -> Result<(), ApiError> {
     let t = Instant::now();
     let req = select_request(ctx.plan());
-    // A pool with roles serves passthrough calls on the workers that serve whole requests.
-    let role = ctx.pool().router.shape().map_or(Role::Both, |s| s.whole);
     let decision = ctx.pool().router.select_model(&req, role, ctx.adapter.as_deref());
     let decision = decision.ok_or_else(|| no_worker_for(ctx))?;
     // Kept for dispatch, which records them on the worker it sends the request to.

@@ -29,6 +29,7 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use mmrouter_core::pipeline::RoutePlan;
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
+use mmrouter_core::routing::Role;
 
 pub use context::Ctx;
 pub use debug::{debug_route, trace_json};
@@ -55,7 +56,7 @@ async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result
     if let Some(shape) = ctx.pool().router.shape() {
         return disagg::serve(st, ctx, shape).await;
     }
-    forward::select(ctx)?;
+    forward::select(ctx, Role::Both)?;
     forward::forward(st, ctx).await
 }
 
@@ -67,7 +68,9 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
     let pool = st.pools.pool_for(model.as_deref()).unwrap_or_else(|| st.pools()[0].clone());
     ctx.plan = Some(RoutePlan::passthrough(pool.pipeline.block_size()));
     ctx.pool = Some(pool);
-    let answer = match forward::select(&mut ctx) {
+    // A pool with roles serves passthrough calls on the workers that serve whole requests.
+    let role = ctx.pool().router.shape().map_or(Role::Both, |s| s.whole);
+    let answer = match forward::select(&mut ctx, role) {
         Ok(()) => forward::forward(&st, &mut ctx).await,
         Err(e) => Err(e),
     };

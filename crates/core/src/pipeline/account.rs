@@ -153,12 +153,17 @@ fn identity(digest: &ImageDigest, part: &ImagePart<'_>, trust: bool) -> (String,
     }
 }
 
+/// Tokens a placeholder run expands to (`overflow`: no engine takes that many).
+fn run_len(run: &[RunPart]) -> Result<u32, Fallback> {
+    run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")
+}
+
 impl Accounted {
     /// A video: its run (Qwen3-VL's timestamps included) replaces its `<|video_pad|>` placeholder, and
     /// its feature tokens are what the encoder computes, like an image's.
     fn video(info: &VideoInfo, tokens: VideoTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
         let run = tokens.run();
-        let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+        let len = run_len(&run)?;
         let (hash, key, splice) = identity(&info.digest, part, trust);
         let planned = PlannedImage {
             hash,
@@ -184,7 +189,7 @@ impl Accounted {
     fn new(info: ImageInfo, tokens: ImageTokens, part: &ImagePart<'_>, trust: bool) -> Result<Accounted, Fallback> {
         let (expansion, len) = match (tokens.run(), tokens.text_expansion()) {
             (Some(run), _) => {
-                let len = run.iter().map(|p| p.repeat).try_fold(0u32, |a, r| a.checked_add(r)).ok_or("overflow")?;
+                let len = run_len(&run)?;
                 (Expansion::Tokens(run), len)
             }
             // The image's own tokens; the merged newlines around them belong to the text.

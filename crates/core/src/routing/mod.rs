@@ -583,19 +583,6 @@ impl Router {
         self.select_for(req, Role::Both)
     }
 
-    /// Which roles the pool's workers in rotation have (a pool with prefill and decode workers serves
-    /// disaggregated).
-    pub fn roles(&self) -> Vec<Role> {
-        let workers = self.workers.read();
-        let mut roles: Vec<Role> = Vec::new();
-        for w in workers.iter().filter(|w| w.in_rotation()) {
-            if !roles.contains(&w.role()) {
-                roles.push(w.role());
-            }
-        }
-        roles
-    }
-
     /// The LoRA adapters the workers in rotation list, each once, sorted.
     pub fn adapters(&self) -> Vec<String> {
         let workers = self.workers.read();
@@ -616,9 +603,11 @@ impl Router {
     }
 
     /// How the pool serves now, from its workers' roles; `None` for a plain aggregated pool.
+    /// Read on every request: one pass over the workers, no allocation.
     pub fn shape(&self) -> Option<PoolShape> {
-        let roles = self.roles();
-        let has = |r: Role| roles.contains(&r);
+        let bit = |r: Role| 1u8 << r as u8;
+        let roles = self.workers.read().iter().filter(|w| w.in_rotation()).fold(0u8, |m, w| m | bit(w.role()));
+        let has = |r: Role| roles & bit(r) != 0;
         if !has(Role::Prefill) && !has(Role::Decode) && !has(Role::Encode) {
             return None;
         }
