@@ -49,6 +49,7 @@ mod events;
 mod exact;
 mod exposition;
 mod handle;
+mod lora;
 mod mm_cache;
 mod options;
 mod params;

@@ -102,6 +102,8 @@ pub(crate) struct AppState {
     stop: watch::Sender<bool>,
     /// Set when in-flight answers must end now.
     cut: watch::Sender<bool>,
+    /// Adapters loaded at run time (`lora.rs`).
+    pub(crate) lora: crate::lora::Loaded,
 }
 
 impl AppState {
@@ -130,6 +132,7 @@ impl AppState {
             prefill_free_at: Mutex::new(tokio::time::Instant::now()),
             stop: watch::Sender::new(false),
             cut: watch::Sender::new(false),
+            lora: Default::default(),
             opts,
         }
     }
@@ -500,6 +503,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/sim/restart", post(restart))
         .route("/sim/role", get(role))
+        .merge(crate::lora::routes())
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
         .with_state(state)
@@ -644,7 +648,8 @@ fn engine_id() -> String {
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     let model = &state.opts.model;
     let base = json!({"id": model, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": model, "parent": null});
-    let adapters = state.opts.lora_modules.iter().map(|a| {
+    let loaded = state.lora.names();
+    let adapters = state.opts.lora_modules.iter().chain(&loaded).map(|a| {
         json!({"id": a, "object": "model", "created": unix_now(), "owned_by": "mmrouter-sim", "root": a, "parent": model})
     });
     let data: Vec<Value> = std::iter::once(base).chain(adapters).collect();
