@@ -169,7 +169,7 @@ impl Pipeline {
         let out = Draft { plan, trace: trace.then(PromptTrace::default) };
         match req.endpoint {
             Endpoint::Completion => self.plan_completion(req, out, seed),
-            Endpoint::Chat => self.plan_chat(req, out, seed).await,
+            Endpoint::Chat | Endpoint::Responses => self.plan_chat(req, out, seed).await,
         }
     }
 
@@ -349,9 +349,10 @@ impl Pipeline {
         }
     }
 
-    /// Expected decode tokens: the request's `max_completion_tokens` or `max_tokens`, else the default.
+    /// Expected decode tokens: the request's `max_completion_tokens` or `max_tokens` (a Responses
+    /// body's `max_output_tokens`), else the default.
     fn decode_tokens(&self, req: &Request<'_>) -> u32 {
-        ["max_completion_tokens", "max_tokens"]
+        ["max_completion_tokens", "max_tokens", "max_output_tokens"]
             .iter()
             .find_map(|k| req.field(k).and_then(|v| v.as_u64()))
             .map(|v| v.min(u32::MAX as u64) as u32)

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{Endpoint, Entry, ImagePart, MediaKind, Message, ParseError, Part, PartError, Request};
+use super::{responses, Endpoint, Entry, ImagePart, MediaKind, Message, ParseError, Part, PartError, Request};
 
 /// Top-level keys the pipeline or the chat template read; everything else is skipped.
 const KNOWN_FIELDS: &[&str] = &[
@@ -67,10 +67,15 @@ const DIGESTED_BODY_BYTES: usize = 64 * 1024;
 /// router cannot account for, or too long a body.
 fn digest(endpoint: Endpoint, body: &[u8], request: &Request<'_>) -> Option<u128> {
     let urls: usize = request.images.iter().map(|i| i.image_url_span.len()).sum();
-    if endpoint != Endpoint::Chat || request.media_issue.is_some() || body.len() - urls > DIGESTED_BODY_BYTES {
+    let chat_like = matches!(endpoint, Endpoint::Chat | Endpoint::Responses);
+    if !chat_like || request.media_issue.is_some() || body.len() - urls > DIGESTED_BODY_BYTES {
         return None;
     }
     let mut h = xxhash_rust::xxh3::Xxh3::new();
+    if endpoint == Endpoint::Responses {
+        // The same bytes render another prompt as a chat: the memo must not mix the two.
+        h.update(b"responses\0");
+    }
     h.update(&(request.images.len() as u64).to_le_bytes());
     let mut at = 0;
     for span in request.images.iter().map(|i| &i.image_url_span) {
@@ -86,11 +91,14 @@ fn digest(endpoint: Endpoint, body: &[u8], request: &Request<'_>) -> Option<u128
 }
 
 /// State shared by the nested seeds while one body is parsed.
-struct Ctx<'a> {
+pub(super) struct Ctx<'a> {
     base: usize,
     images: Vec<ImagePart<'a>>,
     media_issue: Option<PartError>,
     uuid_only_parts: usize,
+    /// A Responses body: an `input_image`'s `image_url` is a plain string there (vLLM refuses an
+    /// object), so only a string is an image to read.
+    string_urls: bool,
 }
 
 impl Ctx<'_> {
@@ -123,7 +131,12 @@ impl<'a> Visitor<'a> for TopSeed {
     }
 
     fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Request<'a>, M::Error> {
-        let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None, uuid_only_parts: 0 };
+        let string_urls = self.endpoint == Endpoint::Responses;
+        let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None, uuid_only_parts: 0, string_urls };
+        if string_urls {
+            let (fields, messages) = responses::visit_top(&mut map, &mut ctx)?;
+            return Ok(request(self.endpoint, fields, messages, ctx));
+        }
         let mut fields = Map::new();
         let mut messages = Err("`messages` must be an array".to_owned());
         while let Some(key) = map.next_key::<Cow<'a, str>>()? {
@@ -137,15 +150,24 @@ impl<'a> Visitor<'a> for TopSeed {
                 }
             }
         }
-        Ok(Request {
-            endpoint: self.endpoint,
-            fields,
-            messages,
-            images: ctx.images,
-            media_issue: ctx.media_issue,
-            uuid_only_parts: ctx.uuid_only_parts,
-            digest: None,
-        })
+        Ok(request(self.endpoint, fields, messages, ctx))
+    }
+}
+
+fn request<'a>(
+    endpoint: Endpoint,
+    fields: Map<String, Value>,
+    messages: Result<Vec<Message>, String>,
+    ctx: Ctx<'a>,
+) -> Request<'a> {
+    Request {
+        endpoint,
+        fields,
+        messages,
+        images: ctx.images,
+        media_issue: ctx.media_issue,
+        uuid_only_parts: ctx.uuid_only_parts,
+        digest: None,
     }
 }
 
@@ -221,9 +243,9 @@ impl<'a> Visitor<'a> for MessagesSeed<'_, 'a> {
     }
 }
 
-struct MessageSeed<'c, 'a> {
-    index: usize,
-    ctx: &'c mut Ctx<'a>,
+pub(super) struct MessageSeed<'c, 'a> {
+    pub(super) index: usize,
+    pub(super) ctx: &'c mut Ctx<'a>,
 }
 
 impl<'a> DeserializeSeed<'a> for MessageSeed<'_, 'a> {
@@ -361,15 +383,18 @@ impl<'a> Visitor<'a> for PartSeed<'_, 'a> {
 fn classify<'a>(raw: RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Part {
     let kind = raw.fields.iter().find(|(k, _)| k == "type").and_then(|(_, v)| v.as_str()).map(str::to_owned);
     let unsupported = |kind: &str| PartError::UnsupportedMedia { message: m, part: p, kind: kind.to_owned() };
+    // A Responses body's only media part vLLM's schema accepts is `input_image`.
+    let chat = !ctx.string_urls;
     let fetch = match kind.as_deref() {
-        Some("image_url") | Some("input_image") => Some(MediaKind::Image),
-        Some("video_url") => Some(MediaKind::Video),
+        Some("input_image") => Some(MediaKind::Image),
+        Some("image_url") if chat => Some(MediaKind::Image),
+        Some("video_url") if chat => Some(MediaKind::Video),
         Some(k) if UNSUPPORTED_KINDS.contains(&k) => {
             ctx.issue(unsupported(k));
             None
         }
-        None if raw.image_url.is_some() => Some(MediaKind::Image),
-        None if raw.video_url.is_some() => Some(MediaKind::Video),
+        None if chat && raw.image_url.is_some() => Some(MediaKind::Image),
+        None if chat && raw.video_url.is_some() => Some(MediaKind::Video),
         _ => None,
     };
     if fetch.is_none() {
@@ -380,6 +405,7 @@ fn classify<'a>(raw: RawPart<'a>, m: usize, p: usize, ctx: &mut Ctx<'a>) -> Part
         }
     }
     let template_kind = match kind.as_deref() {
+        _ if !chat => (fetch == Some(MediaKind::Image)).then_some("image"),
         Some("image_url" | "input_image" | "image") => Some("image"),
         Some("video_url" | "input_video" | "video") => Some("video"),
         Some(_) => None,
@@ -460,14 +486,15 @@ fn media_part<'a>(raw: &RawPart<'a>, kind: MediaKind, m: usize, p: usize, ctx: &
     if no_media && raw.uuid.is_some() {
         ctx.uuid_only_parts += 1;
     }
+    let list = if ctx.string_urls { "input" } else { "messages" };
     let Some(value) = value else {
-        ctx.issue(PartError::InvalidUrl(format!("messages[{m}].content[{p}]: {key} missing")));
+        ctx.issue(PartError::InvalidUrl(format!("{list}[{m}].content[{p}]: {key} missing")));
         return None;
     };
-    let Some(url) = url_of(value) else {
-        ctx.issue(PartError::InvalidUrl(format!(
-            "messages[{m}].content[{p}].{key}: expected a string or {{\"url\": string}}"
-        )));
+    // A Responses `input_image` takes only a string (vLLM's schema refuses `{"url": ...}` there).
+    let expected = if ctx.string_urls { "a string" } else { "a string or {\"url\": string}" };
+    let Some(url) = url_of(value).filter(|_| !ctx.string_urls || value.get().starts_with('"')) else {
+        ctx.issue(PartError::InvalidUrl(format!("{list}[{m}].content[{p}].{key}: expected {expected}")));
         return None;
     };
     let part = ImagePart {

@@ -17,6 +17,7 @@
 //! these types; nothing here uses it.
 
 mod de;
+mod responses;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -28,6 +29,9 @@ use serde_json::{Map, Value};
 pub enum Endpoint {
     Chat,
     Completion,
+    /// The Responses API: its `instructions` and `input` items are turned into chat messages as vLLM
+    /// turns them (`responses.rs`), so the request is planned like a chat.
+    Responses,
 }
 
 impl Endpoint {
@@ -35,6 +39,7 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completion => "/v1/completions",
+            Endpoint::Responses => "/v1/responses",
         }
     }
 }
@@ -135,7 +140,7 @@ pub struct ImagePart<'a> {
     pub url: Cow<'a, str>,
     /// An image or a video part.
     pub kind: MediaKind,
-    /// Index into `messages`.
+    /// Index into `messages` (for a Responses body, into its `input` items).
     pub message: usize,
     /// Index into that message's `content` array.
     pub part: usize,

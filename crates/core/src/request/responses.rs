@@ -1,0 +1,536 @@
+//! A Responses API body (`POST /v1/responses`) read as the chat vLLM 0.32 renders for it — its
+//! non-Harmony path: `construct_input_messages`, `construct_tool_dicts` and
+//! `ResponsesRequest.build_chat_params`, after pydantic's parse of `input` (`input_item_parsing`).
+//!
+//! `instructions` becomes a system message, a string `input` one user message, and each `input` item
+//! a chat message: role messages as sent (their `input_text`/`input_image` parts are the chat path's
+//! parts, images with their byte spans), an assistant output message as its first part's text,
+//! `function_call` items as tool calls and `reasoning` items as `reasoning` merged onto the assistant
+//! message before them, `function_call_output` items as tool messages. Function tools (namespaced
+//! ones flattened to `<namespace>__<name>`) become chat tools; `reasoning.effort` the chat's
+//! `reasoning_effort`; a final partial assistant item continues that message.
+//!
+//! The items are parsed in the body's one serde pass by the chat path's message seed; what vLLM then
+//! does with each item happens here on the parsed items, never on the body again. What vLLM refuses,
+//! and what the router does not reproduce (custom tools, tool outputs made of parts, a continued
+//! stored conversation), leaves `messages` an `Err` with the reason: the request then routes by load
+//! and the worker answers — vLLM's own 400 where it refuses. A `previous_response_id` is one such:
+//! the prompt is then the worker's stored conversation plus this input, which the router never saw.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{json, Map, Value};
+
+use super::de::{Ctx, MessageSeed};
+use super::{Entry, Message, Part};
+
+/// Top-level keys of a Responses body kept for the pipeline and the template; `input`,
+/// `instructions`, `tools` and `reasoning` are converted, everything else is skipped.
+const FIELDS: &[&str] = &[
+    "model",
+    "max_output_tokens",
+    "cache_salt",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+    "chat_template_kwargs",
+    "stream",
+    "previous_response_id",
+    "prompt",
+    "tool_choice",
+    "background",
+    "store",
+];
+
+/// `reasoning.effort` values vLLM's schema accepts.
+const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
+
+/// The part types vLLM's schema accepts in a role message's content list.
+const INPUT_PARTS: &[&str] = &["input_text", "input_image", "input_file", "output_text", "refusal"];
+
+/// What the parse kept of the top-level keys that are converted.
+#[derive(Default)]
+struct Converted {
+    input: Option<Input>,
+    instructions: Value,
+    tools: Value,
+    reasoning: Value,
+}
+
+/// What `input` held.
+enum Input {
+    Text(String),
+    /// Each item parsed as a message (`None`: not an object).
+    Items(Vec<Option<Message>>),
+    /// Neither a string nor an array.
+    Invalid,
+}
+
+/// The top-level map of a Responses body: the fields the pipeline reads, and the chat messages.
+#[allow(clippy::type_complexity)]
+pub(super) fn visit_top<'a, M: MapAccess<'a>>(
+    map: &mut M,
+    ctx: &mut Ctx<'a>,
+) -> Result<(Map<String, Value>, Result<Vec<Message>, String>), M::Error> {
+    let mut fields = Map::new();
+    let mut got = Converted::default();
+    while let Some(key) = map.next_key::<Cow<'a, str>>()? {
+        match key.as_ref() {
+            "input" => got.input = Some(map.next_value_seed(InputSeed(&mut *ctx))?),
+            "instructions" => got.instructions = map.next_value()?,
+            "tools" => got.tools = map.next_value()?,
+            "reasoning" => got.reasoning = map.next_value()?,
+            k if FIELDS.contains(&k) => {
+                fields.insert(key.into_owned(), map.next_value()?);
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    let messages = convert(&mut fields, got);
+    Ok((fields, messages))
+}
+
+/// The chat vLLM renders: messages, and in `fields` the chat's `tools`, `reasoning_effort` and
+/// generation flags.
+fn convert(fields: &mut Map<String, Value>, got: Converted) -> Result<Vec<Message>, String> {
+    refused(fields)?;
+    check_tool_choice(fields.get("tool_choice").unwrap_or(&Value::Null), &got.tools)?;
+    if let Some(tools) = chat_tools(&got.tools)? {
+        fields.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(effort) = effort(&got.reasoning)? {
+        fields.insert("reasoning_effort".into(), effort.into());
+    }
+    let mut out = Vec::new();
+    match got.instructions {
+        Value::Null => {}
+        Value::String(s) if s.is_empty() => {}
+        Value::String(s) => out.push(text_message("system", s)),
+        _ => return Err("`instructions` must be a string".into()),
+    }
+    match got.input {
+        None => return Err("`input` is required".into()),
+        Some(Input::Invalid) => return Err("`input` must be a string or an array of items".into()),
+        Some(Input::Text(s)) => out.push(text_message("user", s)),
+        Some(Input::Items(items)) => {
+            if continues_final(&items) {
+                fields.insert("add_generation_prompt".into(), false.into());
+                fields.insert("continue_final_message".into(), true.into());
+            }
+            for (i, item) in items.into_iter().enumerate() {
+                let item = item.ok_or_else(|| format!("input[{i}] must be an object"))?;
+                push_item(&mut out, i, item)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Requests vLLM refuses before converting anything, or whose prompt the router cannot know.
+fn refused(fields: &Map<String, Value>) -> Result<(), String> {
+    let set = |k: &str| fields.get(k).filter(|v| !v.is_null());
+    if set("prompt").is_some() {
+        return Err("prompt template is not supported".into());
+    }
+    if set("previous_response_id").is_some() {
+        return Err("previous_response_id: the prompt continues a conversation stored on a worker".into());
+    }
+    if set("background").and_then(Value::as_bool) == Some(true) && set("store").and_then(Value::as_bool) == Some(false)
+    {
+        return Err("background can only be used when `store` is true".into());
+    }
+    Ok(())
+}
+
+fn text_message(role: &str, text: String) -> Message {
+    Message { entries: vec![("role".into(), Entry::Json(role.into())), ("content".into(), Entry::Json(text.into()))] }
+}
+
+/// `construct_tool_dicts`: each function tool as a chat tool (namespaced ones flattened), other
+/// built-in tools dropped (a non-Harmony model is never shown them); no tools, `None`.
+fn chat_tools(tools: &Value) -> Result<Option<Vec<Value>>, String> {
+    let list = match tools {
+        Value::Null => return Ok(None),
+        Value::Array(list) if list.is_empty() => return Ok(None),
+        Value::Array(list) => list,
+        _ => return Err("`tools` must be an array".into()),
+    };
+    let mut out = Vec::new();
+    for (i, tool) in list.iter().enumerate() {
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => out.push(chat_tool(tool, None).ok_or_else(|| format!("tools[{i}] needs a name"))?),
+            Some("namespace") => {
+                let (Some(ns), Some(inner)) =
+                    (tool.get("name").and_then(Value::as_str), tool.get("tools").and_then(Value::as_array))
+                else {
+                    return Err(format!("tools[{i}]: a namespace needs a name and tools"));
+                };
+                for f in inner.iter().filter(|t| t.get("type").and_then(Value::as_str) == Some("function")) {
+                    out.push(chat_tool(f, Some(ns)).ok_or_else(|| format!("tools[{i}]: a function needs a name"))?);
+                }
+            }
+            // vLLM shows custom tools as a one-string function shim the router does not build.
+            Some("custom") => return Err(format!("tools[{i}]: custom tools are not planned by the router")),
+            Some(_) => {}
+            None => return Err(format!("tools[{i}] needs a type")),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// A flat Responses function tool as the chat tool vLLM renders (`conversation::tools` then keeps
+/// the keys vLLM's `FunctionDefinition` keeps).
+fn chat_tool(tool: &Value, namespace: Option<&str>) -> Option<Value> {
+    let obj = tool.as_object()?;
+    let name = obj.get("name")?.as_str()?;
+    let mut function: Map<String, Value> =
+        obj.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+    if let Some(ns) = namespace {
+        function.insert("name".into(), format!("{ns}__{name}").into());
+    }
+    Some(json!({"type": "function", "function": function}))
+}
+
+/// `check_tool_usage`: a tool choice vLLM refuses for the tools sent.
+fn check_tool_choice(choice: &Value, tools: &Value) -> Result<(), String> {
+    let tools = tools.as_array().map(Vec::as_slice).unwrap_or_default();
+    let named = matches!(choice.get("type").and_then(Value::as_str), Some("function" | "custom"));
+    if tools.is_empty() {
+        if choice.as_str() == Some("required") {
+            return Err("Tool choice 'required' must be specified with 'tools' parameter.".into());
+        }
+        if named {
+            return Err("Tool choice 'function' not found in 'tools' parameter.".into());
+        }
+        return Ok(());
+    }
+    if !named {
+        return Ok(());
+    }
+    let name = choice.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
+    let name = name.ok_or("Tool choice 'function' not found in 'tools' parameter.")?;
+    let mut exact = false;
+    let mut local = 0;
+    for tool in tools {
+        let tool_name = tool.get("name").and_then(Value::as_str);
+        if tool.get("type").and_then(Value::as_str) != Some("namespace") {
+            exact |= tool_name == Some(name);
+            continue;
+        }
+        let inner = tool.get("tools").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        for t in inner.iter().filter_map(|t| t.get("name").and_then(Value::as_str)) {
+            exact |= tool_name.is_some_and(|ns| name == format!("{ns}__{t}"));
+            local += usize::from(t == name);
+        }
+    }
+    match (exact, local) {
+        (true, _) | (false, 1) => Ok(()),
+        (false, 0) => Err("Tool choice 'function' not found in 'tools' parameter.".into()),
+        _ => Err(format!("Tool choice '{name}' is ambiguous: it is defined in more than one namespace.")),
+    }
+}
+
+/// `reasoning.effort`, the chat's `reasoning_effort`.
+fn effort(reasoning: &Value) -> Result<Option<&str>, String> {
+    let effort = match reasoning {
+        Value::Null => return Ok(None),
+        Value::Object(r) => r.get("effort").unwrap_or(&Value::Null),
+        _ => return Err("`reasoning` must be an object".into()),
+    };
+    match effort {
+        Value::Null => Ok(None),
+        Value::String(e) if EFFORTS.contains(&e.as_str()) => Ok(Some(e)),
+        _ => Err(format!("reasoning.effort must be one of {}", EFFORTS.join(", "))),
+    }
+}
+
+/// `should_continue_final_message`: the last item is a message or reasoning item still in progress.
+fn continues_final(items: &[Option<Message>]) -> bool {
+    let Some(Some(last)) = items.last() else { return false };
+    let kind = last.get("type").map_or(Some("message"), Value::as_str);
+    matches!(kind, Some("message" | "reasoning"))
+        && matches!(last.get("status").and_then(Value::as_str), Some("in_progress" | "incomplete"))
+}
+
+/// `_construct_message_from_response_item`: one item into the messages (a new one, or merged).
+fn push_item(out: &mut Vec<Message>, i: usize, item: Message) -> Result<(), String> {
+    let kind = item.get("type").and_then(Value::as_str).map(str::to_owned);
+    match kind.as_deref() {
+        Some("function_call") => {
+            let call = function_call(&item).ok_or_else(|| format!("input[{i}]: invalid function_call item"))?;
+            merge_tool_call(out, call);
+            return Ok(());
+        }
+        Some("reasoning") => {
+            let text = reasoning(i, &item)?;
+            merge(out, "reasoning", text.into());
+            return Ok(());
+        }
+        Some("custom_tool_call") => return Err(format!("input[{i}]: custom tool calls are not planned by the router")),
+        Some("function_call_output" | "custom_tool_call_output") => {
+            out.push(tool_output(i, &item)?);
+            return Ok(());
+        }
+        Some("message") if item.role() == Some("assistant") => {
+            if let Some(text) = output_message(i, &item) {
+                merge(out, "content", text?.into());
+                return Ok(());
+            }
+        }
+        _ => {}
+    }
+    if item.role() == Some("assistant") {
+        if let Some(text) = assistant_text(i, &item)? {
+            merge(out, "content", text.into());
+            return Ok(());
+        }
+    }
+    if item.entries.iter().any(|(k, _)| k == "role") {
+        check_role_message(i, &item)?;
+        out.push(item);
+        return Ok(());
+    }
+    Err(format!("Unsupported input item type: {}", kind.as_deref().unwrap_or("None")))
+}
+
+/// Sets `key` on the assistant message before when it has none (vLLM's merge), else starts one.
+fn merge(out: &mut Vec<Message>, key: &str, value: Value) {
+    if let Some(prev) = out.last_mut().filter(|m| m.role() == Some("assistant")) {
+        if unset(prev, key) {
+            prev.entries.retain(|(k, _)| k != key);
+            prev.entries.push((key.into(), Entry::Json(value)));
+            return;
+        }
+    }
+    out.push(Message {
+        entries: vec![("role".into(), Entry::Json("assistant".into())), (key.into(), Entry::Json(value))],
+    });
+}
+
+/// Python's `msg.get(key) is None`.
+fn unset(m: &Message, key: &str) -> bool {
+    match m.entries.iter().find(|(k, _)| k == key) {
+        None | Some((_, Entry::Json(Value::Null))) => true,
+        Some(_) => false,
+    }
+}
+
+/// A tool call joins the assistant message before (its `tool_calls` list), else starts one.
+fn merge_tool_call(out: &mut Vec<Message>, call: Value) {
+    if let Some(prev) = out.last_mut().filter(|m| m.role() == Some("assistant")) {
+        if unset(prev, "tool_calls") {
+            prev.entries.retain(|(k, _)| k != "tool_calls");
+            prev.entries.push(("tool_calls".into(), Entry::Json(Value::Array(vec![call]))));
+            return;
+        }
+        if let Some((_, Entry::Json(Value::Array(calls)))) = prev.entries.iter_mut().find(|(k, _)| k == "tool_calls") {
+            calls.push(call);
+            return;
+        }
+    }
+    let calls = Entry::Json(Value::Array(vec![call]));
+    out.push(Message { entries: vec![("role".into(), Entry::Json("assistant".into())), ("tool_calls".into(), calls)] });
+}
+
+fn str_of<'m>(m: &'m Message, key: &str) -> Option<&'m str> {
+    m.get(key).and_then(Value::as_str)
+}
+
+/// Optional string keys are absent, null or strings.
+fn optional_str(m: &Message, key: &str) -> bool {
+    matches!(m.get(key), None | Some(Value::Null | Value::String(_)))
+}
+
+fn optional_status(m: &Message) -> bool {
+    matches!(m.get("status"), None | Some(Value::Null))
+        || matches!(str_of(m, "status"), Some("in_progress" | "completed" | "incomplete"))
+}
+
+/// A `function_call` item as vLLM's `ResponseFunctionToolCall` parses it, as a chat tool call.
+fn function_call(item: &Message) -> Option<Value> {
+    let (call_id, name, arguments) = (str_of(item, "call_id")?, str_of(item, "name")?, str_of(item, "arguments")?);
+    if !optional_str(item, "id") || !optional_str(item, "namespace") || !optional_status(item) {
+        return None;
+    }
+    let name = match str_of(item, "namespace").filter(|ns| !ns.is_empty()) {
+        Some(ns) => format!("{ns}__{name}"),
+        None => name.to_owned(),
+    };
+    Some(json!({"id": call_id, "function": {"name": name, "arguments": arguments}, "type": "function"}))
+}
+
+/// A `reasoning` item's text as vLLM takes it: its first content text, else its first summary text.
+fn reasoning(i: usize, item: &Message) -> Result<String, String> {
+    let invalid = || format!("input[{i}]: invalid reasoning item");
+    let texts = |key: &str, kind: &str| -> Result<Vec<String>, String> {
+        let list = match item.get(key) {
+            None | Some(Value::Null) if key == "content" => return Ok(Vec::new()),
+            Some(Value::Array(list)) => list,
+            _ => return Err(invalid()),
+        };
+        list.iter()
+            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                (Some(t), Some(Value::String(s))) if t == kind => Ok(s.clone()),
+                _ => Err(invalid()),
+            })
+            .collect()
+    };
+    let (summary, content) = (texts("summary", "summary_text")?, texts("content", "reasoning_text")?);
+    if !optional_str(item, "id") || !optional_str(item, "encrypted_content") || !optional_status(item) {
+        return Err(invalid());
+    }
+    if str_of(item, "encrypted_content").is_some_and(|e| !e.is_empty()) {
+        return Err("Encrypted content is not supported.".into());
+    }
+    Ok(content.into_iter().next().or_else(|| summary.into_iter().next()).unwrap_or_default())
+}
+
+/// A `function_call_output` item as a tool message.
+fn tool_output(i: usize, item: &Message) -> Result<Message, String> {
+    let call_id = str_of(item, "call_id").ok_or_else(|| format!("input[{i}]: call_id must be a string"))?;
+    let output = match item.get("output") {
+        Some(Value::String(s)) => s.clone(),
+        // vLLM passes a list of parts on as the tool message's content; not reproduced here.
+        Some(Value::Array(_)) => return Err(format!("input[{i}]: tool outputs made of parts are not planned")),
+        _ => return Err(format!("input[{i}]: output must be a string")),
+    };
+    Ok(Message {
+        entries: vec![
+            ("role".into(), Entry::Json("tool".into())),
+            ("content".into(), Entry::Json(output.into())),
+            ("tool_call_id".into(), Entry::Json(call_id.into())),
+        ],
+    })
+}
+
+/// An assistant `message` item with a content list that vLLM's `ResponseOutputMessage` parse
+/// accepts (output text and refusal parts): its first part's text. `None`: the typed parse fails and
+/// vLLM reads the item as a plain dict.
+fn output_message(i: usize, item: &Message) -> Option<Result<String, String>> {
+    let Some(Entry::Parts(parts)) = item.content() else { return None };
+    if !optional_str(item, "id")
+        || !matches!(str_of(item, "status").unwrap_or("completed"), "in_progress" | "completed" | "incomplete")
+    {
+        return None;
+    }
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        let Part::Object(fields) = part else { return None };
+        let get = |k: &str| fields.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+        let text = match (get("type").and_then(Value::as_str), get("text"), get("refusal")) {
+            (Some("output_text"), Some(Value::String(t)), _) => Some(t.clone()),
+            (Some("refusal"), _, Some(Value::String(_))) => None,
+            _ => return None,
+        };
+        if !matches!(get("annotations"), None | Some(Value::Array(_))) {
+            return None;
+        }
+        texts.push(text);
+    }
+    Some(match texts.into_iter().next() {
+        Some(Some(text)) => Ok(text),
+        // vLLM reads `content[0].text`: a refusal first, or no part, fails there (a 500).
+        _ => Err(format!("input[{i}]: an assistant output message must start with an output_text part")),
+    })
+}
+
+/// A plain assistant message item's text as vLLM takes it (string content, or the first part's
+/// `text`); `None` leaves the item as sent.
+fn assistant_text(i: usize, item: &Message) -> Result<Option<String>, String> {
+    let parts = match item.content() {
+        Some(Entry::Json(Value::String(s))) => return Ok(Some(s.clone())),
+        Some(Entry::Parts(parts)) if !parts.is_empty() => parts,
+        _ => return Ok(None),
+    };
+    let text = match &parts[0] {
+        Part::Object(fields) => match fields.iter().find(|(k, _)| k == "text").map(|(_, v)| v) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(format!("input[{i}].content[0].text must be a string")),
+        },
+        Part::Image(_) | Part::Video => return Ok(None),
+        Part::Json(_) => return Err(format!("input[{i}].content[0] must be an object")),
+    };
+    // vLLM keeps the text only: media in the list would be read by the router and not by the engine.
+    if parts.iter().any(|p| matches!(p, Part::Image(_) | Part::Video)) {
+        return Err(format!("input[{i}]: an assistant message's media parts are dropped by vLLM"));
+    }
+    Ok(Some(text))
+}
+
+/// What vLLM's schema accepts of a role message passed on as sent.
+fn check_role_message(i: usize, item: &Message) -> Result<(), String> {
+    if !matches!(item.role(), Some("user" | "system" | "developer" | "assistant")) {
+        return Err(format!("input[{i}].role must be one of user, system, developer, assistant"));
+    }
+    let parts = match item.content() {
+        Some(Entry::Json(Value::String(_))) => return Ok(()),
+        Some(Entry::Parts(parts)) => parts,
+        _ => return Err(format!("input[{i}].content must be a string or a list of parts")),
+    };
+    for (j, part) in parts.iter().enumerate() {
+        let ok = match part {
+            Part::Image(_) => true,
+            Part::Object(fields) => fields
+                .iter()
+                .find(|(k, _)| k == "type")
+                .and_then(|(_, v)| v.as_str())
+                .is_some_and(|t| INPUT_PARTS.contains(&t)),
+            Part::Video | Part::Json(_) => false,
+        };
+        if !ok {
+            return Err(format!("input[{i}].content[{j}]: not an input_text, input_image or input_file part"));
+        }
+    }
+    Ok(())
+}
+
+/// `input`: a string, or items parsed by the chat path's message seed (their content parts, images
+/// with their spans, included).
+struct InputSeed<'c, 'a>(&'c mut Ctx<'a>);
+
+impl<'a> DeserializeSeed<'a> for InputSeed<'_, 'a> {
+    type Value = Input;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Input, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> Visitor<'a> for InputSeed<'_, 'a> {
+    type Value = Input;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string or an array of input items")
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Input, E> {
+        Ok(Input::Text(s.to_owned()))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Input, E> {
+        Ok(Input::Invalid)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Input, E> {
+        Ok(Input::Invalid)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Input, E> {
+        Ok(Input::Invalid)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Input, E> {
+        Ok(Input::Invalid)
+    }
+    fn visit_unit<E>(self) -> Result<Input, E> {
+        Ok(Input::Invalid)
+    }
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Input, M::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Input::Invalid)
+    }
+    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Input, S::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(MessageSeed { index: items.len(), ctx: &mut *self.0 })? {
+            items.push(item);
+        }
+        Ok(Input::Items(items))
+    }
+}
