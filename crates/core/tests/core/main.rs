@@ -19,6 +19,7 @@ mod parity;
 mod plan;
 mod prompt_parity;
 mod request_parse;
+mod responses;
 mod routing;
 mod tokenize_parity;
 mod video;
