@@ -4,6 +4,8 @@
 //! cost = prefill_weight × (uncached prompt tokens + queue_weight × in-flight prefill tokens
 //!                          + eviction_weight × evicted tokens − image credit)
 //!      + decode_weight  × in-flight decode tokens
+//!      + prefill_weight × adapter_swap_tokens        (a LoRA adapter's request, on a worker where the
+//!                                                     adapter is not active: `adapters.rs`)
 //! uncached = prompt_tokens − overlap_blocks × block_size   (saturating)
 //!            + unseen tokens outside the worker's overlap   (a fallback's images, as engines counted
 //!                                                            them on earlier turns: `unseen.rs`)
@@ -17,6 +19,12 @@
 //! The image credit is the work a worker skips because its engine likely still holds an image the
 //! request carries (its vision-encoder output, or its processed pixels) although the image's KV blocks
 //! are gone or were never there (a new prefix around a known image): see `residency.rs`.
+//!
+//! The adapter term prefers, among the workers serving a request's LoRA adapter, those that have it
+//! in one of their engine's LoRA slots (vLLM's `max_loras`) over those that would have to swap it in
+//! (and evict another adapter). It is a fixed price in prefill tokens (default 256, 16 blocks of 16):
+//! it decides between workers of equal overlap and load, and a worker caching more than that many
+//! more tokens of the prompt still wins.
 //!
 //! The queue weighs less than the request's own uncached tokens (`queue_weight`, default 0.25): a queue
 //! delays this request once, while the tokens a miss recomputes delay every request queued behind them
@@ -44,6 +52,7 @@ pub(crate) struct Kv {
     pub queue_weight: f64,
     pub eviction_weight: f64,
     pub temperature: f64,
+    pub adapter_swap_tokens: f64,
 }
 
 impl Kv {
@@ -62,8 +71,9 @@ impl Kv {
             }
             None => 0,
         };
+        let swap = if c.adapter_cold.get(worker).copied().unwrap_or(false) { self.adapter_swap_tokens } else { 0.0 };
         self.prefill_weight
-            * (uncached as f64 + self.queue_weight * prefill as f64 + self.eviction_weight * evicted as f64)
+            * (uncached as f64 + self.queue_weight * prefill as f64 + self.eviction_weight * evicted as f64 + swap)
             + self.decode_weight * decode as f64
             - self.prefill_weight * c.image_credit.get(worker).copied().unwrap_or(0.0)
     }

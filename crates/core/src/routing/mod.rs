@@ -17,6 +17,7 @@
 //! microseconds (see `benches/index.rs`), and it keeps `mmrouter_kv_overlap_tokens` meaning the same
 //! whatever the policy, so policies can be compared on it.
 
+mod adapters;
 mod encode;
 pub mod events;
 pub mod index;
@@ -115,6 +116,12 @@ pub struct RoutingConfig {
     /// How the encoder stage picks an encode worker: `residency` (default), or `round_robin` /
     /// `hash_ring` as peers do (for comparison).
     pub encode_policy: EncodePolicy,
+    /// Prefill tokens a request for a LoRA adapter costs a worker that does not have the adapter
+    /// active (not in its engine's running or waiting adapters, not sent there by this router in the
+    /// last minute): its engine must swap the adapter into a LoRA slot (`max_loras`), evicting
+    /// another when all are taken. Small beside a long cached prefix, so a large KV overlap still
+    /// wins (`kv.rs`). 0 turns it off.
+    pub adapter_swap_tokens: f64,
     /// `[routing.ejection]`: passive outlier detection (see [`outlier`]).
     pub ejection: EjectionConfig,
 }
@@ -138,6 +145,7 @@ impl Default for RoutingConfig {
             processor_cache_gb: (ImageBudgets::VLLM_DEFAULT.processor_bytes >> 30) as f64,
             encode_queue_weight: 1.0,
             encode_policy: EncodePolicy::Residency,
+            adapter_swap_tokens: 256.0,
             ejection: EjectionConfig::default(),
         }
     }
@@ -196,6 +204,7 @@ impl RoutingConfig {
             ("routing.image_preprocess_weight", self.image_preprocess_weight),
             ("routing.processor_cache_gb", self.processor_cache_gb),
             ("routing.encode_queue_weight", self.encode_queue_weight),
+            ("routing.adapter_swap_tokens", self.adapter_swap_tokens),
         ] {
             if !value.is_finite() || value < 0.0 {
                 return Err(RoutingError::InvalidNumber { key, value });
@@ -404,6 +413,7 @@ impl Router {
                 queue_weight: cfg.queue_weight,
                 eviction_weight: cfg.eviction_weight,
                 temperature: cfg.temperature,
+                adapter_swap_tokens: cfg.adapter_swap_tokens,
             }),
             PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new()),
             PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded),
@@ -640,6 +650,7 @@ impl Router {
             true => Unseen::weigh(&self.unseen.along(req.blocks), &overlap_blocks),
             false => Unseen::default(),
         };
+        let adapter_cold = adapter_cold(&workers, &eligible, adapter);
         let candidates = Candidates {
             req,
             workers: &workers,
@@ -647,6 +658,7 @@ impl Router {
             overlap_blocks: &overlap_blocks,
             image_credit: &image_credit,
             unseen: &unseen,
+            adapter_cold: &adapter_cold,
         };
         let pick = self.policy.pick(&candidates, &mut rand::rng())?;
         let candidates = rank(pick.worker, &pick.costs, &eligible);
@@ -877,6 +889,13 @@ impl Router {
     }
 }
 
+/// Per worker, whether a request for `adapter` would make its engine swap the adapter into a LoRA slot
+/// (it is eligible and the adapter is not active there); empty without an adapter.
+fn adapter_cold(workers: &[Arc<Worker>], eligible: &[bool], adapter: Option<&str>) -> Vec<bool> {
+    let Some(a) = adapter else { return Vec::new() };
+    workers.iter().zip(eligible).map(|(w, &e)| e && !w.adapter_active(a)).collect()
+}
+
 /// The pick first, then the other eligible workers by ascending cost; equal costs in rotation order
 /// after the pick, so retries spread instead of always trying worker 0 next. The list is built in
 /// rotation order and sorted stably by cost alone, so ties keep that order without a rotation key in
@@ -905,6 +924,7 @@ mod tests {
         assert_eq!((c.queue_weight, c.eviction_weight), (0.25, 0.25));
         assert_eq!((c.image_encoder_weight, c.image_preprocess_weight), (0.35, 0.25));
         assert_eq!((c.encoder_cache_tokens, c.processor_cache_gb), (16_384, 4.0));
+        assert_eq!(c.adapter_swap_tokens, 256.0);
         assert_eq!(c.image_budgets().processor_bytes, 4 << 30);
         assert_eq!(c.validate(), Ok(()));
     }
@@ -1208,6 +1228,59 @@ mod tests {
         assert_eq!(r.worker(1).index_refused(), 90_000);
         let e = RoutingConfig { index_worker_share: 0.0, ..RoutingConfig::default() }.validate().unwrap_err();
         assert!(e.to_string().contains("routing.index_worker_share"), "{e}");
+    }
+
+    #[test]
+    fn an_adapters_request_prefers_a_worker_with_it_active_unless_another_caches_much_more() {
+        let r = Router::new(RoutingConfig::default(), specs(&["a", "b", "c"])).unwrap();
+        let served = |adapters: &[&str]| ServedModels {
+            base: vec!["base".into()],
+            adapters: adapters.iter().map(|a| a.to_string()).collect(),
+        };
+        r.worker(0).set_served_models(served(&["sql"]));
+        r.worker(1).set_served_models(served(&["sql"]));
+        r.worker(2).set_served_models(served(&[]));
+        let blocks: Vec<u64> = (1..=32).collect();
+        let req = SelectRequest {
+            prompt_tokens: 512,
+            block_size: 16,
+            blocks: &blocks,
+            decode_tokens: 0,
+            images: Vec::new(),
+            unseen: false,
+        };
+        // Neither has it active: a tie, both picked; never c, which does not serve it.
+        let mut seen = [0u32; 3];
+        for _ in 0..200 {
+            seen[r.select_model(&req, Role::Both, Some("sql")).unwrap().worker()] += 1;
+        }
+        assert!(seen[0] > 40 && seen[1] > 40 && seen[2] == 0, "{seen:?}");
+        // b's engine reports it running: b wins every time, by exactly the swap price.
+        r.worker(1).set_engine_active_adapters(vec!["sql".into()]);
+        for _ in 0..50 {
+            let d = r.select_model(&req, Role::Both, Some("sql")).unwrap();
+            assert_eq!(d.worker(), 1);
+            assert_eq!(d.costs[0] - d.costs[1], 256.0);
+        }
+        // The base model's requests pay no swap: a tie again.
+        let d = r.select_model(&req, Role::Both, None).unwrap();
+        assert_eq!(d.costs[0], d.costs[1]);
+        // a caches 20 of the 32 blocks (320 tokens > 256): a large overlap outweighs the swap.
+        r.record(0, &blocks[..20]);
+        assert_eq!(r.select_model(&req, Role::Both, Some("sql")).unwrap().worker(), 0);
+        // A small one (4 blocks, 64 tokens) does not.
+        r.clear_worker(0);
+        r.record(0, &blocks[..4]);
+        assert_eq!(r.select_model(&req, Role::Both, Some("sql")).unwrap().worker(), 1);
+        // This router's own recent send counts as active too; a price of 0 turns the term off.
+        r.worker(0).adapter_sent("sql");
+        let d = r.select_model(&req, Role::Both, Some("sql")).unwrap();
+        assert_eq!(d.worker(), 0);
+        let off = Router::new(RoutingConfig { adapter_swap_tokens: 0.0, ..RoutingConfig::default() }, specs(&["a"]));
+        let off = off.unwrap();
+        assert_eq!(off.select_model(&req, Role::Both, Some("sql")).unwrap().costs[0], 512.0);
+        let bad = RoutingConfig { adapter_swap_tokens: -1.0, ..RoutingConfig::default() }.validate().unwrap_err();
+        assert!(bad.to_string().contains("routing.adapter_swap_tokens"), "{bad}");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub(crate) struct Candidates<'a> {
     pub image_credit: &'a [f64],
     /// Tokens engines counted in the prompt beyond `req.prompt_tokens` (all 0 unless `req.unseen`).
     pub unseen: &'a Unseen,
+    /// For a LoRA adapter's request: the workers that would have to swap it into a slot (see
+    /// `adapters.rs`); empty for the base model.
+    pub adapter_cold: &'a [bool],
 }
 
 /// A policy's choice and the per-worker score behind it (lower is better; NaN = not eligible).

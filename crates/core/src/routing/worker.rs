@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use super::outlier::{Availability, Outlier};
 
+use super::adapters::ActiveAdapters;
 use super::link::Link;
 use super::load::{InFlight, Load, LoadCounters};
 use super::residency::{Held, ImageBudgets, ImageUse, Residency};
@@ -126,6 +127,8 @@ pub struct Worker {
     engine_kv_transfer: parking_lot::Mutex<Option<EngineKvTransfer>>,
     /// What the engine's `/v1/models` last listed (base models and LoRA adapters); `None` until read.
     served: parking_lot::RwLock<Option<Arc<ServedModels>>>,
+    /// The LoRA adapters likely in its engine's slots (`adapters.rs`).
+    active_adapters: parking_lot::Mutex<ActiveAdapters>,
 }
 
 /// The models a worker's engine serves, as its `/v1/models` lists them: base models (no `parent`) and
@@ -186,6 +189,7 @@ impl Worker {
             engine_mm_cache: parking_lot::Mutex::new(None),
             engine_kv_transfer: parking_lot::Mutex::new(None),
             served: parking_lot::RwLock::new(None),
+            active_adapters: parking_lot::Mutex::new(ActiveAdapters::default()),
         }
     }
 
@@ -216,6 +220,39 @@ impl Worker {
     /// Whether the engine serves LoRA adapter `name`; `None` while its listing is unknown.
     pub fn serves_adapter(&self, name: &str) -> Option<bool> {
         self.served.read().as_ref().map(|s| s.adapters.iter().any(|a| a == name))
+    }
+
+    /// Marks LoRA adapter `name` as served (loaded at run time by the router): listed until the next
+    /// `/v1/models` reading replaces the listing. An unknown listing becomes this one adapter's.
+    pub fn add_served_adapter(&self, name: &str) {
+        let mut slot = self.served.write();
+        let mut served = slot.as_deref().cloned().unwrap_or_default();
+        if !served.adapters.iter().any(|a| a == name) {
+            served.adapters.push(name.to_owned());
+            served.adapters.sort();
+        }
+        *slot = Some(Arc::new(served));
+    }
+
+    /// The LoRA adapters its engine ran or queued at its last `/metrics` reading
+    /// (`vllm:lora_requests_info`; bounded).
+    pub fn set_engine_active_adapters(&self, names: Vec<String>) {
+        self.active_adapters.lock().set_engine(names);
+    }
+
+    /// This router sent the worker a request for LoRA adapter `name`.
+    pub fn adapter_sent(&self, name: &str) {
+        self.active_adapters.lock().sent(name, Instant::now());
+    }
+
+    /// Whether LoRA adapter `name` is likely in one of its engine's slots (no swap needed).
+    pub fn adapter_active(&self, name: &str) -> bool {
+        self.active_adapters.lock().is_active(name, Instant::now())
+    }
+
+    /// The LoRA adapters likely in its engine's slots now, sorted.
+    pub fn active_adapters(&self) -> Vec<String> {
+        self.active_adapters.lock().names(Instant::now())
     }
 
     /// The engine's KV-transfer counters, if its `/metrics` was read and carried them.
