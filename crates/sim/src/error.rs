@@ -36,6 +36,18 @@ pub enum SimError {
     /// The encode role could not write an image's entry to `--ec-shared-storage`.
     #[error("could not write the encoder cache to the shared storage: {0}")]
     EcStorage(String),
+    /// A request names a model the worker does not serve (vLLM's `_check_model`: 404 `NotFoundError`).
+    #[error("The model `{model}` does not exist. Valid aliases: {served}.")]
+    ModelNotFound { model: String, served: String },
+    /// A `previous_response_id` or a path names no stored response (vLLM's `_make_not_found_error`).
+    #[error("Response with id '{id}' not found.")]
+    ResponseNotFound { id: String },
+    /// Only a queued or running (background) response can be cancelled.
+    #[error("Cannot cancel a synchronous response.")]
+    CannotCancel,
+    /// What the simulator cannot do for this model or prompter (e.g. detokenize without a tokenizer).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("invalid option --{flag}: {reason}")]
     InvalidOption { flag: &'static str, reason: String },
 }
@@ -58,6 +70,10 @@ impl SimError {
             Self::BootstrapHostRefused { .. } => "bootstrap_host_refused",
             Self::BootstrapTimeout { .. } => "bootstrap_timeout",
             Self::EcStorage(_) => "ec_storage_failed",
+            Self::ModelNotFound { .. } => "model_not_found",
+            Self::ResponseNotFound { .. } => "response_not_found",
+            Self::CannotCancel => "cannot_cancel",
+            Self::Unsupported(_) => "unsupported",
             Self::InvalidOption { .. } => "invalid_option",
         }
     }

@@ -13,21 +13,28 @@
 //! image), the sim answers 400 as vLLM does; where only the router's own limits or profiles stop the
 //! exact count, it serves the request and caches the text before the first image.
 
-use std::sync::Arc;
+use std::io::Read as _;
+use std::sync::{Arc, OnceLock};
 
 use mmrouter_core::media::MediaConfig;
 use mmrouter_core::model::{ModelSource, ModelSpec};
 use mmrouter_core::pipeline::{Pipeline, PipelineConfig, PromptTrace, Route, RoutePlan};
+use mmrouter_core::prompt::PromptModel;
 use mmrouter_core::request::{Endpoint, Request};
 
 use crate::handle::SimHandle;
 use crate::options::SimOptions;
 use crate::prompt::{Prompter, SimImage, SimPrompt};
+use tokenizers::Tokenizer;
 
 /// The prompter that plans with `mmrouter-core`.
 pub struct ExactPrompter {
     pipeline: Pipeline,
     rt: tokio::runtime::Handle,
+    /// The model's files, for the tokenizer `/detokenize` decodes with.
+    source: ModelSource,
+    /// Loaded on the first decode (`/detokenize`, `token_strs`): most sims never need it.
+    decoder: OnceLock<Result<Tokenizer, String>>,
 }
 
 impl ExactPrompter {
@@ -40,7 +47,7 @@ impl ExactPrompter {
         fetch_hosts: &[String],
     ) -> anyhow::Result<ExactPrompter> {
         let source = ModelSource::parse(model).map_err(|e| anyhow::anyhow!("--model-dir: {e}"))?;
-        let model = ModelSpec { block_size, ..ModelSpec::new(source) };
+        let model = ModelSpec { block_size, ..ModelSpec::new(source.clone()) };
         // A real worker fetches whatever URL it is given; the sim is confined to an allowlist (loopback
         // by default) so a forwarded test URL can never reach another machine. It trusts client uuids
         // as a worker does: the router's refusal of untrusted ones is a router policy, not an engine's.
@@ -52,8 +59,44 @@ impl ExactPrompter {
             ..MediaConfig::default()
         };
         let pipeline = Pipeline::new(&PipelineConfig { model, media })?;
-        Ok(ExactPrompter { pipeline, rt: tokio::runtime::Handle::current() })
+        Ok(ExactPrompter { pipeline, rt: tokio::runtime::Handle::current(), source, decoder: OnceLock::new() })
     }
+
+    fn decoder(&self) -> Result<&Tokenizer, String> {
+        self.decoder.get_or_init(|| load_decoder(&self.source)).as_ref().map_err(Clone::clone)
+    }
+}
+
+/// Largest `tokenizer.json` the decoder loads, decompressed.
+const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// The model's `tokenizer.json` as `tokenizers` loads it (vLLM decodes with the same library). A
+/// Mistral-format model (`tekken.json` only) has none.
+fn load_decoder(source: &ModelSource) -> Result<Tokenizer, String> {
+    let json = match source {
+        ModelSource::Bundled(name) => {
+            let gz = PromptModel::bundled_file(name, "tokenizer.json.gz").ok_or("no bundled tokenizer")?;
+            gunzip(gz)?
+        }
+        ModelSource::Dir(dir) => match std::fs::read(dir.join("tokenizer.json")) {
+            Ok(json) => json,
+            Err(_) => gunzip(
+                &std::fs::read(dir.join("tokenizer.json.gz"))
+                    .map_err(|_| format!("{} has no tokenizer.json to decode with", dir.display()))?,
+            )?,
+        },
+    };
+    Tokenizer::from_bytes(&json).map_err(|e| format!("tokenizer.json: {e}"))
+}
+
+fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut reader = flate2::read::GzDecoder::new(bytes).take(MAX_TOKENIZER_BYTES + 1);
+    reader.read_to_end(&mut out).map_err(|e| format!("tokenizer.json.gz: {e}"))?;
+    if out.len() as u64 > MAX_TOKENIZER_BYTES {
+        return Err(format!("tokenizer.json exceeds {MAX_TOKENIZER_BYTES} bytes"));
+    }
+    Ok(out)
 }
 
 impl Prompter for ExactPrompter {
@@ -96,6 +139,18 @@ impl Prompter for ExactPrompter {
             images,
             cache_salt: request.str_field("cache_salt").map(str::to_owned),
         })
+    }
+
+    /// transformers' `decode(ids)` (special tokens kept; ids the vocabulary lacks are skipped).
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.decoder()?.decode(ids, false).map_err(|e| e.to_string())
+    }
+
+    fn id_tokens(&self, ids: &[u32]) -> Result<Vec<String>, String> {
+        let tokenizer = self.decoder()?;
+        ids.iter()
+            .map(|&id| tokenizer.id_to_token(id).ok_or_else(|| format!("Token id {id} is out of vocabulary")))
+            .collect()
     }
 }
 

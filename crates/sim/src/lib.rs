@@ -55,9 +55,11 @@ mod options;
 mod params;
 mod prompt;
 mod prompter;
+mod responses;
 mod schema;
 mod server;
 mod stats;
+mod tokenize;
 pub mod timing;
 
 pub use error::SimError;

@@ -39,6 +39,8 @@ const DEFAULT_IMAGE_ENCODE_US_PER_TOKEN: u64 = 10;
 const DEFAULT_TRANSFER_US_PER_TOKEN: u64 = 2;
 /// SGLang's decode waits this long for its prefill's bootstrap before it fails the request.
 const DEFAULT_BOOTSTRAP_TIMEOUT_MS: u64 = 30_000;
+/// vLLM's `max_model_len` for the default model: Qwen3-VL's `max_position_embeddings`.
+const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
 
 /// Wire shape of the published KV events.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -158,6 +160,15 @@ pub struct SimOptions {
     /// SGLang decode: how long to wait for the prefill's bootstrap before answering 500.
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_TIMEOUT_MS)]
     pub bootstrap_timeout_ms: u64,
+    /// Keep Responses-API answers (vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`): `store` is honoured,
+    /// `previous_response_id` and `GET /v1/responses/{id}` find them (the newest 10 000 within 256 MiB).
+    /// Off, as in vLLM: `store` is ignored and every `previous_response_id` is 404.
+    #[arg(long)]
+    pub responses_store: bool,
+    /// The context length the worker reports (`/tokenize`'s `max_model_len`) and enforces on the
+    /// Responses API (vLLM's `--max-model-len`; the default is Qwen3-VL's).
+    #[arg(long, default_value_t = DEFAULT_MAX_MODEL_LEN)]
+    pub max_model_len: u32,
     /// Fault: fraction (0..1) of completion requests answered with `--error-status` (500 by default).
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,
@@ -258,6 +269,8 @@ impl Default for SimOptions {
             ec_shared_storage: None,
             bootstrap_port: None,
             bootstrap_timeout_ms: DEFAULT_BOOTSTRAP_TIMEOUT_MS,
+            responses_store: false,
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
             error_rate: 0.0,
             error_status: 500,
             error_retry_after_secs: None,
@@ -324,6 +337,9 @@ impl SimOptions {
         }
         if self.bootstrap_port.is_some() && self.role != Role::Prefill {
             return Err(invalid("bootstrap-port", "needs --role prefill"));
+        }
+        if self.max_model_len == 0 {
+            return Err(invalid("max-model-len", "must be at least 1"));
         }
         if self.bootstrap_timeout_ms == 0 {
             return Err(invalid("bootstrap-timeout-ms", "must be at least 1"));

@@ -39,4 +39,15 @@ pub trait Prompter: Send + Sync + 'static {
     /// `path` is "/v1/chat/completions" or "/v1/completions"; `raw` are the exact body bytes of which
     /// `body` is the parse. An `Err` is answered 400 with the message.
     fn prompt(&self, path: &str, body: &serde_json::Value, raw: &[u8], block_size: usize) -> Result<SimPrompt, String>;
+
+    /// The text of `ids` as the model's tokenizer decodes it (`/detokenize`); `Err` when this
+    /// prompter knows no tokenizer.
+    fn decode(&self, _ids: &[u32]) -> Result<String, String> {
+        Err("this simulator's prompter knows no tokenizer".to_owned())
+    }
+
+    /// Each id's token string (`/tokenize`'s `token_strs`, transformers' `convert_ids_to_tokens`).
+    fn id_tokens(&self, _ids: &[u32]) -> Result<Vec<String>, String> {
+        Err("this simulator's prompter knows no tokenizer".to_owned())
+    }
 }

@@ -104,6 +104,8 @@ pub(crate) struct AppState {
     cut: watch::Sender<bool>,
     /// Adapters loaded at run time (`lora.rs`).
     pub(crate) lora: crate::lora::Loaded,
+    /// Stored Responses-API answers (`--responses-store`, `responses/store.rs`).
+    pub(crate) responses: crate::responses::Store,
 }
 
 impl AppState {
@@ -133,6 +135,7 @@ impl AppState {
             stop: watch::Sender::new(false),
             cut: watch::Sender::new(false),
             lora: Default::default(),
+            responses: crate::responses::Store::new(opts.responses_store),
             opts,
         }
     }
@@ -504,6 +507,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/sim/restart", post(restart))
         .route("/sim/role", get(role))
         .merge(crate::lora::routes())
+        .merge(crate::responses::routes())
+        .merge(crate::tokenize::routes())
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
         .with_state(state)
@@ -573,6 +578,9 @@ impl IntoResponse for SimError {
         if let Some(param) = self.vllm_param() {
             return vllm_bad_request(&self.to_string(), param);
         }
+        if let Some((status, kind, param)) = self.vllm_error() {
+            return vllm_error(status, kind, &self.to_string(), Some(param));
+        }
         let (status, kind) = match &self {
             Self::InvalidJson(_)
             | Self::InvalidField { .. }
@@ -585,6 +593,9 @@ impl IntoResponse for SimError {
             Self::BootstrapHostRefused { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error"),
             Self::BootstrapTimeout { .. } | Self::EcStorage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
             Self::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            Self::ModelNotFound { .. } | Self::ResponseNotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
+            Self::CannotCancel => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            Self::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, "server_error"),
             Self::InjectedError | Self::StreamDropped | Self::InvalidOption { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
             }
@@ -606,10 +617,27 @@ impl SimError {
     }
 }
 
+impl SimError {
+    /// Status, `type` and `param` of the other refusals answered in vLLM's `ErrorResponse` shape.
+    fn vllm_error(&self) -> Option<(StatusCode, &'static str, &'static str)> {
+        match self {
+            Self::ModelNotFound { .. } => Some((StatusCode::NOT_FOUND, "NotFoundError", "model")),
+            Self::ResponseNotFound { .. } => Some((StatusCode::NOT_FOUND, "invalid_request_error", "response_id")),
+            Self::CannotCancel => Some((StatusCode::BAD_REQUEST, "invalid_request_error", "response_id")),
+            _ => None,
+        }
+    }
+}
+
+/// vLLM's `ErrorResponse`: `{"error": {message, type, param, code}}`, `code` the HTTP status.
+fn vllm_error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}});
+    (status, Json(body)).into_response()
+}
+
 /// vLLM's `ErrorResponse` for a request it refuses: 400, type `BadRequestError`, `code` the status.
 fn vllm_bad_request(message: &str, param: Option<&str>) -> Response {
-    let body = json!({"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}});
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+    vllm_error(StatusCode::BAD_REQUEST, "BadRequestError", message, param)
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -733,6 +761,87 @@ async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Respo
     match answer_whole(&state, &job, tracker).await {
         Ok(body) => Json(body).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// One generation driven by another answer shape (the Responses API, `crate::responses`): the same
+/// admission, prefix cache, timing, counters and faults as a completion's, through a narrow API.
+pub(crate) struct Turn {
+    state: Arc<AppState>,
+    tracker: Tracker,
+    admitted: Option<Admitted>,
+}
+
+impl AppState {
+    /// A request arrives: counted, then delayed by `--extra-delay-ms`.
+    pub(crate) async fn arrive(&self) -> Result<(), SimError> {
+        self.counters.requests.fetch_add(1, Relaxed);
+        self.pause(Duration::from_millis(self.opts.extra_delay_ms)).await
+    }
+
+    /// `--error-rate`'s dice: the answer of a request failed on purpose.
+    pub(crate) fn injected(&self) -> Option<Response> {
+        if !self.dice.roll(self.error_rate()) {
+            return None;
+        }
+        self.counters.errors_injected.fetch_add(1, Relaxed);
+        Some(injected_error(&self.opts))
+    }
+
+    /// `--drop-mid-stream-rate`'s dice for a stream of `tokens`: the token it is cut before.
+    pub(crate) fn drop_at(&self, tokens: u32) -> Option<u32> {
+        self.dice.roll(self.opts.drop_mid_stream_rate).then_some(tokens / 2)
+    }
+
+    pub(crate) fn prompter(&self) -> &dyn Prompter {
+        self.prompter.as_ref()
+    }
+}
+
+impl Turn {
+    pub(crate) fn new(state: &Arc<AppState>) -> Turn {
+        Turn { state: state.clone(), tracker: Tracker::new(state), admitted: None }
+    }
+
+    /// Admits the prompt (slot, prefix hit, pinned blocks, image caches) and waits for its first
+    /// token; the prompt's cached tokens.
+    pub(crate) async fn prefill(&mut self, prompt: &Arc<SimPrompt>) -> Result<u32, SimError> {
+        let admitted = self.state.admit(prompt, &Leg::Whole).await?;
+        self.state.pause(self.state.first_token(&admitted)).await?;
+        let cached = admitted.cached_tokens;
+        self.admitted = Some(admitted);
+        Ok(cached)
+    }
+
+    /// Output token `i` of a stream: the faults (`drop_at`, `--stall-after-tokens`), then its decode.
+    pub(crate) async fn token(&mut self, i: u32, drop_at: Option<u32>) -> Result<(), SimError> {
+        if drop_at == Some(i) {
+            self.state.counters.streams_dropped.fetch_add(1, Relaxed);
+            // Not the client's doing: not counted as cancelled.
+            self.tracker.finish();
+            return Err(SimError::StreamDropped);
+        }
+        if self.state.opts.stall_after_tokens == Some(i) {
+            self.state.pause(Duration::MAX).await?;
+        }
+        if i > 0 {
+            self.state.pause(decode_delay(&self.state.opts)).await?;
+        }
+        self.state.counters.generation_tokens.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// A whole answer's `tokens` after the first: decoded at once, counted.
+    pub(crate) async fn decode_all(&mut self, tokens: u32) -> Result<(), SimError> {
+        self.state.pause(decode_delay(&self.state.opts).saturating_mul(tokens.saturating_sub(1))).await?;
+        self.state.counters.generation_tokens.fetch_add(u64::from(tokens), Relaxed);
+        Ok(())
+    }
+
+    /// The answer is complete: the request is no longer in flight, its blocks are unpinned.
+    pub(crate) fn finish(&mut self) {
+        self.tracker.finish();
+        self.admitted = None;
     }
 }
 
@@ -1016,7 +1125,7 @@ fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 

@@ -4,6 +4,7 @@ mod disagg;
 mod kv_events;
 mod mm_cache;
 mod openai_fields;
+mod responses;
 
 use std::sync::Arc;
 use std::time::Duration;
