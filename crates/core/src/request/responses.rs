@@ -365,27 +365,38 @@ fn function_call(item: &Message) -> Option<Value> {
 /// A `reasoning` item's text as vLLM takes it: its first content text, else its first summary text.
 fn reasoning(i: usize, item: &Message) -> Result<String, String> {
     let invalid = || format!("input[{i}]: invalid reasoning item");
-    let texts = |key: &str, kind: &str| -> Result<Vec<String>, String> {
-        let list = match item.get(key) {
-            None | Some(Value::Null) if key == "content" => return Ok(Vec::new()),
-            Some(Value::Array(list)) => list,
-            _ => return Err(invalid()),
-        };
-        list.iter()
-            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                (Some(t), Some(Value::String(s))) if t == kind => Ok(s.clone()),
-                _ => Err(invalid()),
-            })
-            .collect()
+    let typed = |kind: Option<&Value>, text: Option<&Value>, want: &str| match (kind, text) {
+        (Some(Value::String(k)), Some(Value::String(t))) if k == want => Some(t.clone()),
+        _ => None,
     };
-    let (summary, content) = (texts("summary", "summary_text")?, texts("content", "reasoning_text")?);
+    // The message seed parsed `summary` as plain JSON and `content` as content parts.
+    let summary = match item.get("summary") {
+        Some(Value::Array(list)) => list.iter().map(|p| typed(p.get("type"), p.get("text"), "summary_text")).collect(),
+        _ => None,
+    };
+    let content = match item.content() {
+        None | Some(Entry::Json(Value::Null)) => Some(Vec::new()),
+        Some(Entry::Parts(parts)) => parts
+            .iter()
+            .map(|p| match p {
+                Part::Object(f) => {
+                    let get = |k: &str| f.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+                    typed(get("type"), get("text"), "reasoning_text")
+                }
+                _ => None,
+            })
+            .collect(),
+        Some(Entry::Json(_)) => None,
+    };
+    let (Some(summary), Some(content)) = (summary, content) else { return Err(invalid()) };
     if !optional_str(item, "id") || !optional_str(item, "encrypted_content") || !optional_status(item) {
         return Err(invalid());
     }
     if str_of(item, "encrypted_content").is_some_and(|e| !e.is_empty()) {
         return Err("Encrypted content is not supported.".into());
     }
-    Ok(content.into_iter().next().or_else(|| summary.into_iter().next()).unwrap_or_default())
+    let first = |list: Vec<String>| list.into_iter().next();
+    Ok(first(content).or_else(|| first(summary)).unwrap_or_default())
 }
 
 /// A `function_call_output` item as a tool message.
@@ -532,5 +543,250 @@ impl<'a> Visitor<'a> for InputSeed<'_, 'a> {
             items.push(item);
         }
         Ok(Input::Items(items))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::{Endpoint, ParseError, Request};
+    use super::*;
+
+    fn parse(body: &str) -> Request<'_> {
+        Request::parse(Endpoint::Responses, body.as_bytes()).unwrap()
+    }
+
+    /// Each message as plain JSON (parts as `{"type": "image"}` markers or their fields).
+    fn messages(r: &Request<'_>) -> Value {
+        let msgs = r.messages.as_ref().unwrap_or_else(|e| panic!("not rendered: {e}"));
+        Value::Array(msgs.iter().map(message_json).collect())
+    }
+
+    fn message_json(m: &Message) -> Value {
+        let entry = |e: &Entry| match e {
+            Entry::Json(v) => v.clone(),
+            Entry::Parts(parts) => Value::Array(
+                parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Image(_) => json!({"type": "image"}),
+                        Part::Video => json!({"type": "video"}),
+                        Part::Object(f) => Value::Object(f.iter().cloned().collect()),
+                        Part::Json(v) => v.clone(),
+                    })
+                    .collect(),
+            ),
+        };
+        Value::Object(m.entries.iter().map(|(k, e)| (k.clone(), entry(e))).collect())
+    }
+
+    fn refusal(body: &str) -> String {
+        parse(body).messages.unwrap_err()
+    }
+
+    #[test]
+    fn instructions_and_a_string_input_are_a_system_and_a_user_message() {
+        let r = parse(r#"{"model":"m","input":"hi","instructions":"be brief","max_output_tokens":9}"#);
+        assert_eq!(messages(&r), json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]));
+        assert_eq!((r.str_field("model"), r.field("max_output_tokens")), (Some("m"), Some(&json!(9))));
+        // Empty instructions add nothing, as in vLLM (`if request_instructions:`).
+        assert_eq!(messages(&parse(r#"{"instructions":"","input":""}"#)), json!([{"role": "user", "content": ""}]));
+    }
+
+    #[test]
+    fn chat_only_keys_are_not_read_from_a_responses_body() {
+        let r = parse(
+            r#"{"input":"x","messages":[{"role":"user","content":"y"}],"max_tokens":3,"add_generation_prompt":false,"chat_template":"{{x}}","reasoning_effort":"high"}"#,
+        );
+        assert_eq!(messages(&r), json!([{"role": "user", "content": "x"}]));
+        for key in ["max_tokens", "add_generation_prompt", "chat_template", "reasoning_effort"] {
+            assert!(r.field(key).is_none(), "{key}");
+        }
+        let r = parse(r#"{"input":"x","reasoning":{"effort":"low","summary":"auto"}}"#);
+        assert_eq!(r.str_field("reasoning_effort"), Some("low"));
+        assert!(parse(r#"{"input":"x","reasoning":{"effort":"max"}}"#).messages.is_err());
+    }
+
+    #[test]
+    fn tool_calls_and_reasoning_merge_onto_the_assistant_message_before() {
+        let r = parse(
+            r#"{"input":[
+            {"role":"user","content":"w?"},
+            {"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"think"}]},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
+            {"type":"function_call","call_id":"c1","name":"w","arguments":"{}"},
+            {"type":"function_call","call_id":"c2","name":"route","namespace":"maps","arguments":"{\"a\":1}"},
+            {"type":"function_call_output","call_id":"c1","output":"sun"},
+            {"type":"function_call","call_id":"c3","name":"w","arguments":"{}"}]}"#,
+        );
+        let call = |id: &str, name: &str, args: &str| json!({"id": id, "function": {"name": name, "arguments": args}, "type": "function"});
+        assert_eq!(
+            messages(&r),
+            json!([
+                {"role": "user", "content": "w?"},
+                {"role": "assistant", "reasoning": "think", "content": "Checking.",
+                 "tool_calls": [call("c1", "w", "{}"), call("c2", "maps__route", "{\"a\":1}")]},
+                {"role": "tool", "content": "sun", "tool_call_id": "c1"},
+                {"role": "assistant", "tool_calls": [call("c3", "w", "{}")]}
+            ])
+        );
+    }
+
+    #[test]
+    fn a_reasoning_item_takes_its_content_else_its_summary_and_never_encrypted_content() {
+        let r = parse(
+            r#"{"input":[{"type":"reasoning","summary":[{"type":"summary_text","text":"s"}]},{"role":"assistant","content":"a"},{"type":"reasoning","summary":[]}]}"#,
+        );
+        assert_eq!(
+            messages(&r),
+            json!([{"role": "assistant", "reasoning": "s", "content": "a"}, {"role": "assistant", "reasoning": ""}])
+        );
+        let encrypted = r#"{"input":[{"type":"reasoning","summary":[],"encrypted_content":"gAAA"}]}"#;
+        assert_eq!(refusal(encrypted), "Encrypted content is not supported.");
+        assert!(refusal(r#"{"input":[{"type":"reasoning"}]}"#).contains("invalid reasoning item"));
+    }
+
+    #[test]
+    fn assistant_messages_become_their_first_text() {
+        let r = parse(
+            r#"{"input":[{"role":"assistant","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]},{"role":"user","content":"u"},{"type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"x","annotations":[]},{"type":"output_text","text":"y"}]}]}"#,
+        );
+        assert_eq!(
+            messages(&r),
+            json!([{"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}])
+        );
+        // vLLM fails on a refusal first (a 500): not claimed.
+        let refused =
+            r#"{"input":[{"type":"message","role":"assistant","content":[{"type":"refusal","refusal":"no"}]}]}"#;
+        assert!(refusal(refused).contains("output_text"));
+    }
+
+    #[test]
+    fn role_messages_pass_as_sent_and_others_are_vllms_400() {
+        let r = parse(
+            r#"{"input":[{"role":"developer","content":"d"},{"type":"message","role":"user","content":[{"type":"input_text","text":"t"}]}]}"#,
+        );
+        assert_eq!(
+            messages(&r),
+            json!([{"role": "developer", "content": "d"}, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "t"}]}])
+        );
+        assert_eq!(
+            refusal(r#"{"input":[{"type":"item_reference","id":"x"}]}"#),
+            "Unsupported input item type: item_reference"
+        );
+        assert_eq!(refusal(r#"{"input":[{"id":"x"}]}"#), "Unsupported input item type: None");
+        assert!(refusal(r#"{"input":[{"role":"tool","content":"x"}]}"#).contains("role"));
+        assert!(refusal(r#"{"input":[{"role":"user","content":[{"type":"text","text":"x"}]}]}"#).contains("content[0]"));
+        assert!(refusal(r#"{"input":[{"role":"user"}]}"#).contains("content"));
+        assert!(refusal(r#"{"input":[7]}"#).contains("input[0] must be an object"));
+        assert!(refusal(r#"{"input":{"role":"user"}}"#).contains("`input`"));
+        assert!(refusal(r#"{"model":"m"}"#).contains("`input` is required"));
+        assert!(refusal(r#"{"input":[{"type":"custom_tool_call","call_id":"c","name":"n","input":"x"}]}"#)
+            .contains("custom"));
+        assert!(refusal(
+            r#"{"input":[{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"x"}]}]}"#
+        )
+        .contains("parts"));
+        assert_eq!(Request::parse(Endpoint::Responses, b"[]").unwrap_err(), ParseError::NotAnObject);
+    }
+
+    #[test]
+    fn requests_vllm_refuses_or_the_router_cannot_see_are_not_rendered() {
+        let r = parse(r#"{"input":"x","previous_response_id":"resp_1"}"#);
+        assert!(r.messages.is_err());
+        assert_eq!(r.str_field("previous_response_id"), Some("resp_1"), "the server pins by it");
+        assert!(refusal(r#"{"input":"x","prompt":{"id":"p"}}"#).contains("prompt"));
+        assert!(refusal(r#"{"input":"x","background":true,"store":false}"#).contains("background"));
+        assert!(parse(r#"{"input":"x","background":true}"#).messages.is_ok());
+    }
+
+    #[test]
+    fn function_tools_become_chat_tools_and_others_are_dropped() {
+        let r = parse(
+            r#"{"input":"x","tools":[{"type":"function","name":"f","parameters":{"type":"object"},"strict":true},{"type":"web_search"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"g"}]}]}"#,
+        );
+        assert_eq!(
+            r.field("tools").unwrap(),
+            &json!([
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}},
+                {"type": "function", "function": {"name": "ns__g"}}
+            ])
+        );
+        assert_eq!(parse(r#"{"input":"x","tools":[{"type":"web_search"}]}"#).field("tools"), Some(&json!([])));
+        assert!(parse(r#"{"input":"x","tools":[]}"#).field("tools").is_none());
+        assert!(refusal(r#"{"input":"x","tools":[{"type":"custom","name":"c"}]}"#).contains("custom"));
+        assert!(refusal(r#"{"input":"x","tools":[{"type":"function"}]}"#).contains("name"));
+    }
+
+    #[test]
+    fn tool_choices_vllm_refuses_are_not_rendered() {
+        let f = r#"[{"type":"function","name":"f"},{"type":"namespace","name":"a","tools":[{"type":"function","name":"g"}]},{"type":"namespace","name":"b","tools":[{"type":"function","name":"g"}]}]"#;
+        let with = |choice: &str| {
+            parse(&format!(r#"{{"input":"x","tools":{f},"tool_choice":{choice}}}"#).leak()).messages.is_ok()
+        };
+        assert!(with(r#""none""#) && with(r#""required""#) && with(r#"{"type":"function","name":"f"}"#));
+        assert!(with(r#"{"type":"function","name":"a__g"}"#));
+        assert!(!with(r#"{"type":"function","name":"g"}"#), "ambiguous between namespaces");
+        assert!(!with(r#"{"type":"function","name":"h"}"#));
+        assert!(refusal(r#"{"input":"x","tool_choice":"required"}"#).contains("required"));
+        assert!(refusal(r#"{"input":"x","tool_choice":{"type":"function","name":"f"}}"#).contains("not found"));
+        assert!(parse(r#"{"input":"x","tool_choice":"auto"}"#).messages.is_ok());
+    }
+
+    #[test]
+    fn a_final_partial_assistant_item_is_continued() {
+        let r = parse(
+            r#"{"input":[{"role":"user","content":"c"},{"type":"message","role":"assistant","status":"incomplete","content":[{"type":"output_text","text":"1, 2"}]}]}"#,
+        );
+        assert_eq!(
+            (r.field("add_generation_prompt"), r.field("continue_final_message")),
+            (Some(&json!(false)), Some(&json!(true)))
+        );
+        let r = parse(r#"{"input":[{"role":"user","content":"c","status":"in_progress"}]}"#);
+        assert_eq!(r.field("continue_final_message"), Some(&json!(true)), "vLLM reads any message item's status");
+        let r = parse(r#"{"input":[{"role":"assistant","content":"x","status":"completed"}]}"#);
+        assert!(r.field("continue_final_message").is_none());
+    }
+
+    #[test]
+    fn input_images_are_media_with_spans_and_other_media_falls_back() {
+        let body = r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"t"},{"type":"input_image","image_url":"data:image/png;base64,AAAA","detail":"low","uuid":"u"}]}]}"#;
+        let r = parse(body);
+        assert_eq!(r.images.len(), 1);
+        let img = &r.images[0];
+        assert!(matches!(img.url, Cow::Borrowed("data:image/png;base64,AAAA")));
+        assert_eq!(&body[img.image_url_span.clone()], r#""data:image/png;base64,AAAA""#);
+        assert_eq!((&body[img.uuid_span.clone().unwrap()], img.uuid.as_deref()), (r#""u""#, Some("u")));
+        assert_eq!(messages(&r)[0]["content"][1], json!({"type": "image"}));
+        assert!(r.media_issue.is_none() && r.body_digest().is_some());
+        // `{"url": ...}` is the chat's shape: vLLM's schema refuses it here.
+        let r = parse(r#"{"input":[{"role":"user","content":[{"type":"input_image","image_url":{"url":"data:x"}}]}]}"#);
+        assert_eq!(
+            r.media_issue.unwrap().to_string(),
+            "invalid image URL: input[0].content[0].image_url: expected a string"
+        );
+        // A stored file: nothing to read, never a guess.
+        let r =
+            parse(r#"{"input":[{"role":"user","content":[{"type":"input_image","file_id":"f","detail":"auto"}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "invalid_url");
+        let r = parse(r#"{"input":[{"role":"user","content":[{"type":"input_file","file_id":"f"}]}]}"#);
+        assert_eq!(r.media_issue.unwrap().label(), "unsupported_media");
+        // A chat-style image part is no image here, and vLLM's 400.
+        let r = parse(r#"{"input":[{"role":"user","content":[{"type":"image_url","image_url":"data:x"}]}]}"#);
+        assert!(r.images.is_empty() && r.messages.is_err());
+        // An assistant message keeps only its text in vLLM: its images would be read for nothing.
+        let r = parse(
+            r#"{"input":[{"role":"assistant","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:x"}]}]}"#,
+        );
+        assert!(r.messages.unwrap_err().contains("media"));
+    }
+
+    #[test]
+    fn a_responses_body_and_a_chat_body_of_the_same_bytes_digest_apart() {
+        let body = br#"{"input":"hi","messages":[{"role":"user","content":"hi"}]}"#;
+        let chat = Request::parse(Endpoint::Chat, body).unwrap().body_digest();
+        let responses = Request::parse(Endpoint::Responses, body).unwrap().body_digest();
+        assert!(chat.is_some() && responses.is_some() && chat != responses);
     }
 }
