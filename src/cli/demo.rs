@@ -120,5 +120,6 @@ fn pool(model: &str, source: ModelSource, sims: &[SimHandle], any: bool) -> Pool
         pipeline,
         workers,
         routing: RoutingConfig::default(),
+        load_lora_adapters: Vec::new(),
     }
 }

@@ -37,6 +37,7 @@ impl Settings {
             pipeline: PipelineConfig { model, media: MediaConfig::default() },
             workers: workers.into_iter().map(|spec| WorkerSettings { spec, events: None }).collect(),
             routing: RoutingConfig::default(),
+            load_lora_adapters: Vec::new(),
         };
         Settings {
             server: ServerSettings::default(),
@@ -81,7 +82,8 @@ impl Settings {
             let name = model.name.clone();
             pool_roles(&name, &workers).map_err(|e| anyhow::anyhow!("workers: {e}"))?;
             let pipeline = PipelineConfig { model, media: file.media };
-            vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing }]
+            let load_lora_adapters = file.model.load_lora_adapters.clone();
+            vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing, load_lora_adapters }]
         } else {
             if !file.workers.is_empty() {
                 anyhow::bail!(
@@ -275,13 +277,38 @@ fn model_spec(m: &ModelSection) -> anyhow::Result<ModelSpec> {
         family,
         block_size: m.block_size,
         processor_kwargs: m.processor_kwargs.clone(),
-        lora_adapters: m.lora_adapters.clone(),
+        lora_adapters: lora_adapters(m)?,
         exact_accounting: m.exact_accounting,
         default_decode_tokens: m.default_decode_tokens,
         max_model_len: m.max_model_len,
         max_prompt_bytes: m.max_prompt_bytes,
         max_prompt_tokens: m.max_prompt_tokens,
     })
+}
+
+/// Most `[model] load_lora_adapters` entries.
+const MAX_LOADABLE_ADAPTERS: usize = 1024;
+
+/// The adapters `model` names: `lora_adapters`, then the `load_lora_adapters` (each name once, at most
+/// 256 bytes and no base model's name; each path non-empty).
+fn lora_adapters(m: &ModelSection) -> anyhow::Result<Vec<String>> {
+    let load = &m.load_lora_adapters;
+    if load.len() > MAX_LOADABLE_ADAPTERS {
+        anyhow::bail!("model.load_lora_adapters: at most {MAX_LOADABLE_ADAPTERS} entries (got {})", load.len());
+    }
+    let mut names = m.lora_adapters.clone();
+    for (i, a) in load.iter().enumerate() {
+        if a.name.trim().is_empty() || a.name.len() > 256 || a.path.trim().is_empty() {
+            anyhow::bail!("model.load_lora_adapters[{i}]: name (at most 256 bytes) and path must be non-empty");
+        }
+        if load[..i].iter().any(|o| o.name == a.name) || Some(&a.name) == m.name.as_ref() || a.name == m.dir {
+            anyhow::bail!("model.load_lora_adapters[{i}]: '{}' is named twice or is the base model's name", a.name);
+        }
+        if !names.contains(&a.name) {
+            names.push(a.name.clone());
+        }
+    }
+    Ok(names)
 }
 
 /// `[[pools]]`, validated: names, served models and worker names unique across pools.
@@ -313,7 +340,9 @@ fn pool_settings(
         let routing = p.routing.clone().unwrap_or_else(|| routing.clone());
         routing.validate().map_err(|e| at(anyhow::anyhow!("routing: {e}")))?;
         let pipeline = PipelineConfig { model, media: media.clone() };
-        out.push(PoolSettings { name: p.name.clone(), models: served, pipeline, workers: pool_workers, routing });
+        let load_lora_adapters = p.model.load_lora_adapters.clone();
+        let name = p.name.clone();
+        out.push(PoolSettings { name, models: served, pipeline, workers: pool_workers, routing, load_lora_adapters });
     }
     Ok(out)
 }

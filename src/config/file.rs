@@ -178,6 +178,10 @@ pub struct ModelSection {
     pub processor_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Request `model` values that name LoRA adapters: they seed block hashes differently.
     pub lora_adapters: Vec<String>,
+    /// LoRA adapters the router may load on a worker at run time (vLLM's `/v1/load_lora_adapter`,
+    /// engines started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) when a request names one that no
+    /// worker lists. Empty (the default): the router never loads adapters.
+    pub load_lora_adapters: Vec<LoadLoraAdapter>,
     /// false: never account images; requests with images route on their text prefix only.
     pub exact_accounting: bool,
     /// Decode tokens assumed for load when the request sets no `max_tokens`.
@@ -215,6 +219,7 @@ impl Default for ModelSection {
             block_size: spec.block_size,
             processor_kwargs: Default::default(),
             lora_adapters: Vec::new(),
+            load_lora_adapters: Vec::new(),
             exact_accounting: spec.exact_accounting,
             default_decode_tokens: spec.default_decode_tokens,
             max_model_len: None,
@@ -269,4 +274,13 @@ fn role<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
     let s = String::deserialize(d)?;
     Role::parse(&s)
         .ok_or_else(|| serde::de::Error::custom(format!("role: '{s}' is not both, prefill, decode or encode")))
+}
+
+/// One `[model] load_lora_adapters` entry: an adapter's request `model` name and where the workers'
+/// engines find its files (a path on the worker's machine, or what vLLM's resolvers accept).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadLoraAdapter {
+    pub name: String,
+    pub path: String,
 }

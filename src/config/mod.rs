@@ -23,7 +23,7 @@ mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
 pub use cluster::{ClusterSection, ClusterSettings, PeerQuotas};
-pub use file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
+pub use file::{AuthSection, ConfigFile, LoadLoraAdapter, ModelSection, PoolSection, ServerSection, WorkerSection};
 pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};

@@ -8,7 +8,7 @@ use mmrouter_core::pipeline::PipelineConfig;
 use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 
 use super::cluster::ClusterSettings;
-use super::file::ServerSection;
+use super::file::{LoadLoraAdapter, ServerSection};
 use super::kv_events::KvEventsSection;
 use super::retries::RetryConfig;
 
@@ -50,6 +50,8 @@ pub struct PoolSettings {
     pub pipeline: PipelineConfig,
     pub workers: Vec<WorkerSettings>,
     pub routing: RoutingConfig,
+    /// LoRA adapters the router may load on its workers at run time (`[model] load_lora_adapters`).
+    pub load_lora_adapters: Vec<LoadLoraAdapter>,
 }
 
 impl PoolSettings {

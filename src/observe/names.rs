@@ -43,6 +43,14 @@ pub const WORKER_ENGINE_MM_CACHE_HITS: &str = "mmrouter_worker_engine_mm_cache_h
 /// `not_finite`, `negative`, `implausible`: over 2^53, `hits_over_queries`, `backwards`: hits fell while
 /// queries did not, which no engine restart explains).
 pub const WORKER_ENGINE_COUNTERS_REFUSED: &str = "mmrouter_worker_engine_counters_refused_total";
+/// Counter `{worker, outcome}`: runtime LoRA loads (`[model] load_lora_adapters`): `loaded`,
+/// `already_loaded` (the engine had it: another replica was first), `refused` (the engine's error
+/// answer), `unreachable`, `timeout`.
+pub const ADAPTER_LOADS_TOTAL: &str = "mmrouter_adapter_loads_total";
+/// Gauge `{worker, state}`: LoRA adapters a worker's engine lists (`served`) and those likely in its
+/// LoRA slots now (`active`: its engine's running and waiting adapters, and this router's sends in
+/// the last minute).
+pub const WORKER_ADAPTERS: &str = "mmrouter_worker_adapters";
 /// Histogram `{route}`: prompt tokens the chosen worker already held (predicted).
 pub const KV_OVERLAP_TOKENS: &str = "mmrouter_kv_overlap_tokens";
 /// Histogram `{stage}`: seconds spent per pipeline stage.
@@ -254,6 +262,8 @@ fn describe(r: &PrometheusRecorder) {
         WORKER_ENGINE_COUNTERS_REFUSED,
         "Readings of the engine's processor-cache counters refused as absurd, per worker and reason.",
     );
+    counter(ADAPTER_LOADS_TOTAL, "Runtime LoRA adapter loads per worker, by outcome.");
+    gauge(WORKER_ADAPTERS, "LoRA adapters per worker: listed by its engine (served) or likely in its slots (active).");
     histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
     histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");
     histogram(IMAGE_PROBE_DURATION_SECONDS, Some(Unit::Seconds), "Time to read and probe one image.");

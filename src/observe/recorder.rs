@@ -191,6 +191,11 @@ impl Observer {
             .record(secs);
     }
 
+    /// A runtime LoRA load on `worker` ended with `outcome` (`pools::lora_load`).
+    pub fn adapter_load(&self, worker: &str, outcome: &'static str) {
+        self.series(worker).counter_for(ADAPTER_LOADS_TOTAL, &[("outcome", outcome)]).increment(1);
+    }
+
     /// A reading of `worker`'s engine counters refused as absurd (the health checks count it).
     pub fn engine_counters_refused(&self, worker: &str, reason: &'static str) {
         self.series(worker).counter_for(WORKER_ENGINE_COUNTERS_REFUSED, &[("reason", reason)]).increment(1);

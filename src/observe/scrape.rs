@@ -128,6 +128,10 @@ impl Observer {
                 series.counter_for(WORKER_ENGINE_KV_TRANSFERS, &[]).absolute(t.transfers);
                 series.gauge_for(WORKER_ENGINE_KV_TRANSFER_SECONDS, &[]).set(t.micros as f64 / 1e6);
             }
+            if let Some(s) = w.served_models() {
+                series.gauge_for(WORKER_ADAPTERS, &[("state", "served")]).set(s.adapters.len() as f64);
+                series.gauge_for(WORKER_ADAPTERS, &[("state", "active")]).set(w.active_adapters().len() as f64);
+            }
             if let Some(c) = w.engine_mm_cache() {
                 series.counter_for(WORKER_ENGINE_MM_CACHE_QUERIES, &[]).absolute(c.queries);
                 series.counter_for(WORKER_ENGINE_MM_CACHE_HITS, &[]).absolute(c.hits);

@@ -8,6 +8,13 @@
 //! from another engine, NIXL transfers and their time), so `/metrics` shows the transfer as the engine
 //! reports it beside the router's own leg timings.
 //!
+//! An engine serving LoRA adapters shows which it runs and queues now in the gauge
+//! `vllm:lora_requests_info{running_lora_adapters="a,b",waiting_lora_adapters="c",max_lora="N"}` (one
+//! series per label set ever seen, each valued at the time it was last set: the newest is now's). Its
+//! adapters are kept on the worker as active (`routing::adapters`), which the `kv` cost prefers for an
+//! adapter's requests. Bounded: a name over [`served::MAX_NAME`] bytes, or more names than
+//! `max(max_lora, 1)` in running plus waiting (at most [`MAX_ACTIVE`]), and the reading is ignored.
+//!
 //! A worker's page is not trusted: a reading is mirrored only if it could be an engine's. Refused
 //! (counted by reason, the last good reading kept): a value that is not a number, not finite,
 //! negative, or over [`MAX_PLAUSIBLE`]; more hits than queries; hits fewer than last time while the
@@ -15,7 +22,12 @@
 
 use mmrouter_core::routing::{EngineKvTransfer, EngineMmCache, Worker};
 
+use super::served;
 use crate::observe::Observer;
+
+/// Most active adapters taken from one reading (`max_lora` is the engine's slot count, each of
+/// running and waiting bounded by it).
+pub const MAX_ACTIVE: usize = 64;
 
 /// A `/metrics` page larger than this is not read further (vLLM's is tens of KiB).
 const MAX_PAGE_BYTES: usize = 4 << 20;
@@ -60,6 +72,9 @@ impl Implausible {
 pub async fn scrape(client: &reqwest::Client, w: &Worker, observe: &Observer) {
     let Some(page) = read(client, w.url()).await else { return };
     let page = String::from_utf8_lossy(&page);
+    if let Some(active) = lora_active(&page) {
+        w.set_engine_active_adapters(active);
+    }
     match transfer(&page) {
         Ok(Some(t)) => w.set_engine_kv_transfer(t),
         Ok(None) => {}
@@ -145,6 +160,50 @@ fn transfer(page: &str) -> Result<Option<EngineKvTransfer>, Implausible> {
     Ok(seen.then_some(t))
 }
 
+/// The adapters of the newest `vllm:lora_requests_info` series (running and waiting, sorted); `None`
+/// when the page has none, or its newest runs more adapters than its `max_lora` slots or names one
+/// over [`served::MAX_NAME`] bytes. Waiting adapters beyond half of [`MAX_ACTIVE`] are dropped.
+fn lora_active(page: &str) -> Option<Vec<String>> {
+    let mut newest: Option<(f64, &str)> = None;
+    for line in page.lines().filter(|l| l.starts_with("vllm:lora_requests_info{")) {
+        let Some((_, value)) = sample(line) else { continue };
+        let Ok(at) = value.parse::<f64>() else { continue };
+        if at.is_finite() && newest.is_none_or(|(t, _)| at > t) {
+            newest = Some((at, line));
+        }
+    }
+    let line = newest?.1;
+    let slots = label(line, "max_lora").and_then(|m| m.parse::<usize>().ok()).unwrap_or(1).clamp(1, MAX_ACTIVE / 2);
+    let list = |key| label(line, key).map(|l| l.split(',').filter(|n| !n.is_empty()).collect::<Vec<_>>());
+    let (running, mut waiting) = (list("running_lora_adapters")?, list("waiting_lora_adapters").unwrap_or_default());
+    waiting.truncate(MAX_ACTIVE / 2);
+    if running.len() > slots || running.iter().chain(&waiting).any(|n| n.len() > served::MAX_NAME) {
+        return None;
+    }
+    let mut names: Vec<String> = running.into_iter().chain(waiting).map(str::to_owned).collect();
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// Label `key`'s value in a sample line; `None` if absent or escaped (vLLM's adapter lists and numbers
+/// need no escapes, and a name with a quote or backslash is not one the router would send).
+fn label<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = &line[line.find('{')? + 1..];
+    loop {
+        let (name, after) = rest.split_once("=\"")?;
+        let end = after.find('"')?;
+        let value = &after[..end];
+        if value.ends_with('\\') {
+            return None;
+        }
+        if name.trim_start_matches(',').trim() == key {
+            return Some(value);
+        }
+        rest = &after[end + 1..];
+    }
+}
+
 /// A sum of seconds as whole microseconds.
 fn micros(value: &str) -> Result<u64, Implausible> {
     let v = value.parse::<f64>().map_err(|_| Implausible::NotANumber)?;
@@ -204,6 +263,33 @@ mod tests {
         assert_eq!(transfer(page), Ok(Some(EngineKvTransfer { tokens: 140, transfers: 2, micros: 12_500 })));
         assert_eq!(transfer("vllm:mm_cache_hits_total 3\n"), Ok(None));
         assert_eq!(transfer("vllm:nixl_xfer_time_seconds_sum -1\n"), Err(Implausible::Negative));
+    }
+
+    #[test]
+    fn the_newest_lora_series_gives_the_active_adapters() {
+        let page = "# TYPE vllm:lora_requests_info gauge\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"old\",waiting_lora_adapters=\"\"} 1.7e9\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"doc\"} 1.70000001e9\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.6e9\n";
+        assert_eq!(lora_active(page), Some(vec!["chat".into(), "doc".into(), "sql".into()]));
+        let idle = "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 5\n";
+        assert_eq!(lora_active(idle), Some(Vec::new()));
+        assert_eq!(lora_active("vllm:mm_cache_hits_total 3\n"), None);
+        // More running than the engine's slots, or a name over the bound: not an engine's reading.
+        let over =
+            "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 5\n";
+        assert_eq!(lora_active(over), None);
+        let long = format!(
+            "vllm:lora_requests_info{{max_lora=\"1\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"\"}} 5\n",
+            "x".repeat(served::MAX_NAME + 1)
+        );
+        assert_eq!(lora_active(&long), None);
+        let queue: Vec<String> = (0..1000).map(|i| format!("w{i}")).collect();
+        let many = format!(
+            "vllm:lora_requests_info{{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"{}\"}} 5\n",
+            queue.join(",")
+        );
+        assert_eq!(lora_active(&many).map(|v| v.len()), Some(MAX_ACTIVE / 2));
     }
 
     #[test]

@@ -64,7 +64,8 @@ impl Pools {
     }
 
     /// The pool serving `model`: the one listing it, or the catch-all pool of a config without
-    /// `[[pools]]`, or the one whose workers list it as a LoRA adapter; `None`: no pool serves it.
+    /// `[[pools]]`, or the one whose workers list it as a LoRA adapter or that may load it
+    /// (`load_lora_adapters`); `None`: no pool serves it.
     pub fn pool_for(&self, model: Option<&str>) -> Option<Arc<Pool>> {
         let pools = self.list();
         if let [only] = pools.as_slice() {
@@ -74,7 +75,8 @@ impl Pools {
         }
         let model = model?;
         let listed = pools.iter().find(|p| p.models.iter().any(|m| m == model));
-        listed.or_else(|| pools.iter().find(|p| p.router.serves_adapter(model))).cloned()
+        let adapter = || pools.iter().find(|p| p.router.serves_adapter(model) || p.loader.loadable(model));
+        listed.or_else(adapter).cloned()
     }
 
     /// Subscribes to the KV events of the workers that publish them (once per pool).

@@ -10,6 +10,7 @@ use mmrouter_core::routing::events::WorkerEvents;
 use mmrouter_core::routing::Router;
 
 use super::feeds::{self, tracked_blocks, FeedEnv, WorkerFeeds};
+use super::lora_load::AdapterLoader;
 use crate::config::{PoolSettings, WorkerSettings};
 
 /// One model and its workers: its own pipeline, index and load state.
@@ -21,6 +22,8 @@ pub struct Pool {
     /// pool's feeds, which hold it weakly.
     pub router: Arc<Router>,
     pub pipeline: Pipeline,
+    /// The LoRA adapters the router may load on the pool's workers (`lora_load`).
+    pub loader: AdapterLoader,
     /// Each event-publishing worker's feeds, by worker id: started when the worker is (the pool's
     /// first workers when the server starts, later ones when added), stopped when it is removed.
     feeds: Mutex<BTreeMap<usize, Arc<WorkerFeeds>>>,
@@ -37,6 +40,7 @@ impl Pool {
             models: cfg.models.clone(),
             router: Arc::new(router),
             pipeline,
+            loader: AdapterLoader::new(&cfg.load_lora_adapters),
             feeds: Mutex::new(BTreeMap::new()),
             feeds_started: AtomicBool::new(false),
         })

@@ -1,6 +1,7 @@
 //! `POST /debug/route`: the plan and the choice for a chat request, as JSON, without forwarding,
 //! holding any load or observing anything; `?tokens=true` adds the rendered text, token ids and image
-//! spans (what `mmrouter render` prints).
+//! spans (what `mmrouter render` prints). A request for a LoRA adapter is ranked among the workers
+//! serving it, and `adapter` shows which workers serve it and which have it active.
 
 use std::sync::Arc;
 
@@ -8,12 +9,13 @@ use axum::extract::{Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use mmrouter_core::pipeline::{Planned, RoutePlan};
 use mmrouter_core::request::{Endpoint, Request as ParsedRequest};
-use mmrouter_core::routing::{Decision, EncodeRequest, ImageUse, PoolShape, Role, Router, SelectRequest};
+use mmrouter_core::routing::{Decision, EncodeRequest, ImageUse, PoolShape, Role, Router, SelectRequest, Worker};
 
 use super::context::Ctx;
 use super::disagg::images_to_encode;
 use super::forward::select_request;
 use crate::error::ApiError;
+use crate::pools::Pool;
 use crate::state::AppState;
 
 /// `?tokens=true` on `/debug/route` adds the rendered text, token ids and image spans.
@@ -39,8 +41,10 @@ async fn explain(st: &AppState, ctx: Ctx, tokens: bool) -> Result<serde_json::Va
     let req = select_request(plan);
     let shape = pool.router.shape();
     let first = shape.map_or(Role::Both, |s| if s.pd { Role::Prefill } else { s.whole });
-    let decision = pool.router.select_for(&req, first);
+    let adapter = model.filter(|m| pool.pipeline.is_adapter(m));
+    let decision = pool.router.select_model(&req, first, adapter);
     let mut out = decision_json(&pool.router, plan, decision.as_ref());
+    out["adapter"] = adapter.map_or(serde_json::Value::Null, |a| adapter_json(&pool, a));
     if let (Some(shape), Some(d)) = (shape, decision.as_ref()) {
         out["legs"] = legs_json(&pool.router, (plan, &req), shape, d);
     }
@@ -146,6 +150,26 @@ fn legs_json(
         legs.insert("whole".into(), ranking(first));
     }
     serde_json::Value::Object(legs)
+}
+
+/// The request's LoRA adapter: the workers in rotation that list it (`serving`), those of them with
+/// it likely in a LoRA slot (`active`: no swap; the `kv` cost prefers them), and whether the router may
+/// load it (`loadable`, `[model] load_lora_adapters`).
+fn adapter_json(pool: &Pool, adapter: &str) -> serde_json::Value {
+    let live = pool.router.live_workers();
+    let serving: Vec<&Worker> = live
+        .iter()
+        .map(|(_, w)| w.as_ref())
+        .filter(|w| w.in_rotation() && w.serves_adapter(adapter) == Some(true))
+        .collect();
+    let names = |ws: &[&Worker]| ws.iter().map(|w| w.name().to_owned()).collect::<Vec<_>>();
+    let active: Vec<&Worker> = serving.iter().copied().filter(|w| w.adapter_active(adapter)).collect();
+    serde_json::json!({
+        "name": adapter,
+        "serving": names(&serving),
+        "active": names(&active),
+        "loadable": pool.loader.loadable(adapter),
+    })
 }
 
 /// Per worker slot, how likely its engine still holds each of the request's images (processor and

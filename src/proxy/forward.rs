@@ -210,6 +210,9 @@ pub fn dispatch(ctx: &mut Ctx, w: usize, first: bool) -> LoadGuard {
         image_tokens: plan.exact_image_tokens(),
     };
     let guard = router.begin(w, load);
+    if let Some(adapter) = &ctx.adapter {
+        router.worker(w).adapter_sent(adapter);
+    }
     record_after_send(ctx, w);
     if first {
         ctx.dispatched_overlap = Some(overlap);

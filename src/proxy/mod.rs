@@ -19,6 +19,7 @@ mod context;
 mod debug;
 mod disagg;
 mod forward;
+mod lora;
 mod plan;
 mod relay;
 
@@ -53,6 +54,7 @@ async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result
     let request = ParsedRequest::parse(endpoint, &body)?;
     pick_pool(st, ctx, request.str_field("model"))?;
     plan::plan(st, ctx, request).await?;
+    lora::ensure_adapter(st, ctx).await?;
     if let Some(shape) = ctx.pool().router.shape() {
         return disagg::serve(st, ctx, shape).await;
     }
