@@ -68,6 +68,8 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
     let mut ctx = Ctx::new(req);
     let model = serde_json::from_slice::<ModelField>(&ctx.body).ok().and_then(|m| m.model);
     let pool = st.pools.pool_for(model.as_deref()).unwrap_or_else(|| st.pools()[0].clone());
+    // An adapter's call (`/tokenize` with `"model": ADAPTER`) only to workers that serve the adapter.
+    ctx.adapter = model.filter(|m| pool.pipeline.is_adapter(m));
     ctx.plan = Some(RoutePlan::passthrough(pool.pipeline.block_size()));
     ctx.pool = Some(pool);
     // A pool with roles serves passthrough calls on the workers that serve whole requests.
