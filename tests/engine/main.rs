@@ -12,6 +12,7 @@ mod client;
 mod corpus;
 mod disagg;
 mod engine;
+mod lora;
 mod tee;
 mod video;
 
