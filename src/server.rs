@@ -3,7 +3,7 @@
 //! health checks, config reloads.
 //!
 //! ```text
-//! conn ─► front (access ─► auth ─► admission) ─► routes ─┬─ /v1/chat/completions, /v1/completions ─► proxy
+//! conn ─► front (access ─► auth ─► admission) ─► routes ─┬─ /v1/chat/completions, /v1/completions, /v1/responses ─► proxy
 //!                                                        ├─ /v1/models ─► ops (or a worker) ; /v1/* ─► proxy passthrough
 //!                                                        ├─ /health, /metrics, /admin/* ─► ops
 //!                                                        └─ /debug/route ─► proxy::debug
@@ -29,6 +29,9 @@ fn routes(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(response_by_id).delete(response_by_id))
+        .route("/v1/responses/{id}/cancel", post(response_by_id))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/{*rest}", any(proxy::passthrough))
@@ -172,6 +175,19 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     proxy::inference(st, Endpoint::Completion, req).await
+}
+
+async fn responses(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    proxy::responses(st, req).await
+}
+
+/// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`: to the worker that stored it.
+async fn response_by_id(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    req: Request,
+) -> Response {
+    proxy::response_by_id(st, id, req).await
 }
 
 /// `GET /v1/models/{id}` (ids may hold `/`, as HF names do).

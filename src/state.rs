@@ -1,5 +1,5 @@
 //! The state every request shares, composed once from [`Settings`]: the pools, the upstream clients,
-//! the retry policy and budget, the planning permits, the observer and the drain flag. Composition
+//! the retry policy and budget, the planning permits, the observer, the drain flag and the Responses store. Composition
 //! only: each part's behaviour lives in its room.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use mmrouter_core::pipeline::Pipeline;
 use crate::config::{RetryConfig, Settings};
 use crate::front::Draining;
 use crate::observe::Observer;
-use crate::pools::{Pool, Pools};
+use crate::pools::{Pool, Pools, ResponseStore};
 use crate::upstream::{RetryBudget, Upstream};
 
 /// Everything a request handler needs; shared by all requests.
@@ -25,6 +25,8 @@ pub struct AppState {
     pub planners: tokio::sync::Semaphore,
     /// Set once shutdown starts (the connection layer sets it).
     pub draining: Draining,
+    /// Which worker stored each Responses API answer (`[responses]`).
+    pub responses: Arc<ResponseStore>,
     /// This replica's name in its cluster (`[cluster] replica_id`); `None`: a lone router.
     pub replica_id: Option<String>,
 }
@@ -45,6 +47,7 @@ impl AppState {
             retry_budget: RetryBudget::new(&cfg.retries),
             planners: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             draining: Draining::default(),
+            responses: Arc::new(ResponseStore::new(&cfg.responses)),
             replica_id: cfg.cluster.as_ref().map(|c| c.replica_id.clone()),
         }))
     }

@@ -16,6 +16,7 @@ use mmrouter_kv_events::discovery::MAX_DATA_PARALLEL;
 
 use super::file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 use super::kv_events::KvEventsSection;
+use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
 use super::roles::{check_roles, Member};
 use super::settings::{
@@ -46,6 +47,7 @@ impl Settings {
             retries: RetryConfig::default(),
             kv_events: KvEventsSection::default(),
             cluster: None,
+            responses: ResponsesConfig::default(),
         }
     }
 
@@ -76,6 +78,7 @@ impl Settings {
         let auth = auth_settings(&file.auth)?;
         file.retries.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.kv_events.validate()?;
+        file.responses.validate()?;
         let pools = if file.pools.is_empty() {
             let model = model_spec(&file.model)?;
             let workers = worker_specs(&file.workers)?;
@@ -93,7 +96,8 @@ impl Settings {
             pool_settings(&file.pools, &file.media, &file.routing)?
         };
         let cluster = file.cluster.as_ref().map(|c| c.settings()).transpose()?;
-        Ok(Settings { server, pools, auth, retries: file.retries, kv_events: file.kv_events, cluster })
+        let (retries, kv_events, responses) = (file.retries, file.kv_events, file.responses);
+        Ok(Settings { server, pools, auth, retries, kv_events, cluster, responses })
     }
 }
 

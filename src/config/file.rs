@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::cluster::ClusterSection;
 use super::kv_events::KvEventsSection;
+use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
 
 /// The file as written.
@@ -35,6 +36,9 @@ pub struct ConfigFile {
     pub retries: RetryConfig,
     #[serde(default)]
     pub kv_events: KvEventsSection,
+    /// Which worker stored each Responses API answer, and how an unknown one is looked for.
+    #[serde(default)]
+    pub responses: ResponsesConfig,
     /// Several replicas routing as one; absent: this router is alone.
     pub cluster: Option<ClusterSection>,
 }

@@ -17,6 +17,7 @@ mod file;
 mod flags;
 mod kv_events;
 mod nats;
+mod responses;
 mod retries;
 mod roles;
 mod settings;
@@ -27,6 +28,7 @@ pub use file::{AuthSection, ConfigFile, LoadLoraAdapter, ModelSection, PoolSecti
 pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};
+pub use responses::ResponsesConfig;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use roles::{check_roles, engine_label, Member, RolesError};
 pub use settings::{

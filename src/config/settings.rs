@@ -10,6 +10,7 @@ use mmrouter_core::routing::{RoutingConfig, WorkerSpec};
 use super::cluster::ClusterSettings;
 use super::file::{LoadLoraAdapter, ServerSection};
 use super::kv_events::KvEventsSection;
+use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
 
 /// Where a worker's KV events come from.
@@ -38,6 +39,7 @@ pub struct Settings {
     pub retries: RetryConfig,
     pub kv_events: KvEventsSection,
     pub cluster: Option<ClusterSettings>,
+    pub responses: ResponsesConfig,
 }
 
 /// One pool, validated: a model (with the media settings), its served names, its workers, its routing.

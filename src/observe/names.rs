@@ -64,6 +64,15 @@ pub const INDEX_BLOCKS: &str = "mmrouter_index_blocks";
 /// Counter `{worker, status}`: every upstream attempt.
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "mmrouter_upstream_requests_total";
 
+/// Counter `{outcome}`: a Responses request (`previous_response_id`, `GET`/`DELETE
+/// /v1/responses/{id}`, cancel) pinned to the worker that stored the response: `known`, `recovered`
+/// (found by asking the pool's workers), or refused: `response_not_found`, `response_worker_gone`,
+/// `response_worker_unavailable`.
+pub const RESPONSES_PINNED_TOTAL: &str = "mmrouter_responses_pinned_total";
+/// Counter `{source}`: response ids learnt and where from (`worker`: an answer relayed here, `peer`:
+/// another replica; `refused`: a peer's record refused).
+pub const RESPONSES_LEARNT_TOTAL: &str = "mmrouter_responses_learnt_total";
+
 /// Counter `{reason}`: an upstream attempt tried again on the next candidate (`connect_error`,
 /// `timeout`, `transport_error`, `server_error`, `rate_limited`).
 pub const UPSTREAM_RETRIES_TOTAL: &str = "mmrouter_upstream_retries_total";
@@ -270,6 +279,8 @@ fn describe(r: &PrometheusRecorder) {
     histogram(PROMPT_TOKENS_DRIFT, None, "Worker-reported minus predicted prompt tokens.");
     gauge(INDEX_BLOCKS, "Block keys held by the routing index.");
     counter(UPSTREAM_REQUESTS_TOTAL, "Upstream attempts by worker and status.");
+    counter(RESPONSES_PINNED_TOTAL, "Responses requests pinned to the worker that stored the response, by outcome.");
+    counter(RESPONSES_LEARNT_TOTAL, "Stored response ids learnt, by source: worker, peer.");
     counter(UPSTREAM_RETRIES_TOTAL, "Upstream attempts tried again on the next candidate, by reason.");
     counter(RETRY_BUDGET_EXHAUSTED_TOTAL, "Retries refused because the retry budget was used up.");
     counter(WORKER_EJECTIONS_TOTAL, "Passive ejections of a worker after failures.");

@@ -34,6 +34,11 @@ pub struct RequestRecord<'a> {
     pub ejected: &'a [Arc<Worker>],
     /// Disaggregated serving: what each leg did.
     pub legs: &'a [Leg],
+    /// A Responses request pinned to the worker holding its stored response: the outcome (`known`,
+    /// `recovered`, or why not).
+    pub pinned: Option<&'static str>,
+    /// The id of the response the worker stored was learnt from its answer.
+    pub response_learnt: bool,
     /// Worker-reported minus predicted prompt tokens, for a complete answer that reported usage.
     pub drift: Option<f64>,
     pub ending: Ending,
@@ -155,6 +160,12 @@ impl Observer {
         }
         for leg in r.legs {
             self.leg(leg);
+        }
+        if let Some(outcome) = r.pinned {
+            self.cluster_count(RESPONSES_PINNED_TOTAL, ("outcome", outcome), 1);
+        }
+        if r.response_learnt {
+            self.cluster_count(RESPONSES_LEARNT_TOTAL, ("source", "worker"), 1);
         }
         if let Some(d) = r.drift {
             self.drift.record(d);

@@ -214,6 +214,8 @@ mod tests {
             retry_budget_exhausted: false,
             ejected: &ejected,
             legs: &[],
+            pinned: None,
+            response_learnt: false,
             drift: None,
             ending: Ending::Answered { status: 200 },
         });

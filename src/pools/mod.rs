@@ -1,7 +1,8 @@
 //! The pools room: the model pools and their workers over time — the pool list ([`list`]) and each
 //! [`Pool`] ([`pool`]), worker changes ([`workers`]) and reloads ([`reload`]), the workers' KV-event
 //! feeds ([`feeds`], [`discovery`]), active health checks ([`health`]) and what each worker serves
-//! ([`served`]: its LoRA adapters).
+//! ([`served`]: its LoRA adapters), and which worker stored each Responses API answer
+//! ([`responses`]).
 //!
 //! Architecture invariant: no axum and no app state here — pools know the config, the observer and the
 //! core's routers and pipelines; a feed holds its pool's router weakly. The HTTP side of these
@@ -16,6 +17,7 @@ mod list;
 mod lora_load;
 mod pool;
 mod reload;
+mod responses;
 mod served;
 mod workers;
 
@@ -27,4 +29,5 @@ pub use list::Pools;
 pub use lora_load::LoadError;
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
+pub use responses::{valid_id as valid_response_id, ResponseStore};
 pub use workers::ChangeError;

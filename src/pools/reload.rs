@@ -217,6 +217,7 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
         ("[retries]", old.retries != new.retries),
         ("[kv_events]", old.kv_events != new.kv_events),
         ("[cluster]", old.cluster != new.cluster),
+        ("[responses]", old.responses != new.responses),
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));

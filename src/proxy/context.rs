@@ -48,6 +48,13 @@ pub struct Ctx {
     pub leg_body: Option<Bytes>,
     /// What each leg of a disaggregated request did, in order.
     pub legs: Vec<Leg>,
+    /// A Responses request the worker may store: its answer's id is learnt at the end of the relay.
+    pub learn_response_id: bool,
+    /// A request pinned to the worker holding its stored response: how (`known`, `recovered`, or the
+    /// `PinError` label).
+    pub pinned: Option<&'static str>,
+    /// The response id learnt from the worker's answer.
+    pub learnt: bool,
 }
 
 impl Ctx {
@@ -76,6 +83,9 @@ impl Ctx {
             ejected: Vec::new(),
             leg_body: None,
             legs: Vec::new(),
+            learn_response_id: false,
+            pinned: None,
+            learnt: false,
         }
     }
 
@@ -109,6 +119,8 @@ impl Ctx {
             retry_budget_exhausted: self.retry_budget_exhausted,
             ejected: &self.ejected,
             legs: &self.legs,
+            pinned: self.pinned,
+            response_learnt: self.learnt,
             drift,
             ending,
         });

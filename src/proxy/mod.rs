@@ -22,6 +22,7 @@ mod forward;
 mod lora;
 mod plan;
 mod relay;
+mod responses;
 
 use std::sync::Arc;
 
@@ -34,12 +35,13 @@ use mmrouter_core::routing::Role;
 
 pub use context::Ctx;
 pub use debug::{debug_route, trace_json};
+pub use responses::{by_id as response_by_id, create as responses};
 
 use crate::error::ApiError;
 use crate::observe::Ending;
 use crate::state::AppState;
 
-/// `POST /v1/chat/completions` and `/v1/completions`.
+/// `POST /v1/chat/completions` and `/v1/completions` (`/v1/responses`: [`responses`]).
 pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
     let mut ctx = Ctx::new(req);
     match phases(&st, &mut ctx, endpoint).await {
@@ -50,11 +52,21 @@ pub async fn inference(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> R
 
 /// parse → pick pool → plan → select → forward: the worker's answer to relay, or the error to send.
 async fn phases(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result<forward::Answer, ApiError> {
+    understand(st, ctx, endpoint).await?;
+    route(st, ctx).await
+}
+
+/// parse → pick pool → plan.
+async fn understand(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result<(), ApiError> {
     let body = ctx.body.clone();
     let request = ParsedRequest::parse(endpoint, &body)?;
     pick_pool(st, ctx, request.str_field("model"))?;
     plan::plan(st, ctx, request).await?;
-    lora::ensure_adapter(st, ctx).await?;
+    lora::ensure_adapter(st, ctx).await
+}
+
+/// select → forward, through the pool's legs when it has roles.
+async fn route(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<forward::Answer, ApiError> {
     if let Some(shape) = ctx.pool().router.shape() {
         return disagg::serve(st, ctx, shape).await;
     }

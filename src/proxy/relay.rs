@@ -34,6 +34,10 @@ pub fn relay(st: &Arc<AppState>, ctx: Ctx, answer: Answer) -> Response {
         if let Ok(v) = HeaderValue::from_str(guard.worker().name()) {
             h.insert("x-mmrouter-worker", v);
         }
+        // Sent to the worker holding its stored response (`known`, `recovered`), whatever the policy.
+        if let Some(how) = ctx.pinned {
+            h.insert("x-mmrouter-pinned", HeaderValue::from_static(how));
+        }
         // Disaggregated legs that served: where the prompt was prefilled and the images encoded.
         for leg in ctx.legs.iter().filter(|l| l.outcome == LegOutcome::Served) {
             let header = match leg.kind {
@@ -52,10 +56,12 @@ pub fn relay(st: &Arc<AppState>, ctx: Ctx, answer: Answer) -> Response {
     };
     let length = resp.body().size_hint().exact();
     let state = st.clone();
+    // Only a success is a stored response (an error body's id names nothing).
+    let watch_id = ctx.learn_response_id && status.is_success();
     // The context lives until the body ends: its decision holds the worker, so id `w` cannot be given
     // to another worker meanwhile.
     let on_end = Box::new(move |end: EndReport| ended(&state, ctx, (w, status), end));
-    let spec = RelayBody { limits, sse, content_length: length };
+    let spec = RelayBody { limits, sse, content_length: length, watch_id };
     let body = Relay::new(resp.into_body().into_data_stream(), spec, guard, on_end);
     builder.body(Body::from_stream(body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
@@ -74,6 +80,10 @@ fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: End
         // A fallback's images as its engine counted them: the next turn weighs this prefix by it.
         let unseen = actual.saturating_sub(u64::from(ctx.plan().prompt_tokens));
         ctx.pool().router.learn_unseen(key, u32::try_from(unseen).unwrap_or(u32::MAX));
+    }
+    if let Some(id) = end.response_id.as_deref() {
+        let pool = ctx.pool().clone();
+        ctx.learnt = st.responses.learn(id, &pool.name, ctx.pool().router.worker(w).name());
     }
     let ending = match end.outcome.cut_reason() {
         Some(reason) => {

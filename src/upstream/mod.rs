@@ -6,7 +6,7 @@
 //! * [`error`]: what can fail, with each failure's retry reason and client-facing error;
 //! * [`retry`]: which answers are retried, and the proxy-wide retry budget;
 //! * [`relay`]: the answer streamed back under the total and idle deadlines, holding the load guard;
-//! * [`usage`]: `usage.prompt_tokens` read from the answer as it passes;
+//! * [`usage`]: the prompt tokens of the answer's `usage` (and a Responses answer's id) read as it passes;
 //! * [`headers`]: hop-by-hop rules;
 //! * [`legs`]: the bodies of disaggregated serving's legs, and the prefill's transfer parameters checked.
 

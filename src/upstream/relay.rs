@@ -73,8 +73,12 @@ impl Outcome {
 #[derive(Debug)]
 pub struct EndReport {
     pub outcome: Outcome,
-    /// `usage.prompt_tokens` seen in the response (non-stream JSON, or a streamed usage chunk).
+    /// `usage.prompt_tokens` (or a Responses answer's `usage.input_tokens`) seen in the response
+    /// (non-stream JSON, or a streamed usage chunk); complete responses only.
     pub usage_prompt_tokens: Option<u64>,
+    /// The answer's id, when [`RelayBody::watch_id`] asked for it (whatever the outcome: a stream
+    /// names it in its first event).
+    pub response_id: Option<String>,
 }
 
 type OnEnd = Box<dyn FnOnce(EndReport) + Send>;
@@ -96,6 +100,8 @@ pub struct RelayBody {
     pub sse: bool,
     /// The response's Content-Length, when it has one.
     pub content_length: Option<u64>,
+    /// Keep the answer's id (a Responses answer the worker stored).
+    pub watch_id: bool,
 }
 
 /// Streams the worker's body through unchanged while watching it for `usage`, holding the load
@@ -122,7 +128,7 @@ pub struct Relay<S> {
 
 impl<S> Relay<S> {
     pub fn new(inner: S, body: RelayBody, guard: LoadGuard, on_end: OnEnd) -> Self {
-        let RelayBody { limits, sse, content_length } = body;
+        let RelayBody { limits, sse, content_length, watch_id } = body;
         Relay {
             inner,
             deadline: Box::pin(tokio::time::sleep_until(limits.deadline)),
@@ -131,7 +137,7 @@ impl<S> Relay<S> {
             sse,
             tail: *b"\n\n",
             guard: Some(guard),
-            usage: UsageWatch::new(sse),
+            usage: UsageWatch::new(sse, watch_id),
             on_end: Some(on_end),
             got_first: false,
             remaining: content_length,
@@ -159,8 +165,9 @@ impl<S> Relay<S> {
 
     fn finish(&mut self, outcome: Outcome) {
         if let Some(f) = self.on_end.take() {
-            let usage_prompt_tokens = if outcome == Outcome::Complete { self.usage.finish() } else { None };
-            f(EndReport { outcome, usage_prompt_tokens });
+            let seen = self.usage.finish();
+            let usage_prompt_tokens = seen.prompt_tokens.filter(|_| outcome == Outcome::Complete);
+            f(EndReport { outcome, usage_prompt_tokens, response_id: seen.response_id });
         }
         // Released after the report so gauges never show the request gone before it is accounted.
         self.guard.take();
@@ -256,7 +263,7 @@ mod tests {
         let limits =
             RelayLimits { deadline: Instant::now() + Duration::from_secs(60), idle: Duration::from_millis(20) };
         let on_end = Box::new(move |e: EndReport| *seen.lock().unwrap() = Some(e.outcome));
-        let spec = RelayBody { limits, sse, content_length: None };
+        let spec = RelayBody { limits, sse, content_length: None, watch_id: false };
         let items: Vec<_> = Relay::new(body, spec, guard, on_end).collect().await;
         assert_eq!(router.loads()[0].inflight.requests, 0, "the load is released");
         let outcome = *ended.lock().unwrap();

@@ -30,6 +30,7 @@ mod packaging;
 mod pools;
 mod proxy;
 mod readme;
+mod responses;
 mod reload;
 mod serve_flags;
 mod surface;
