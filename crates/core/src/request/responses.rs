@@ -723,7 +723,8 @@ mod tests {
     fn tool_choices_vllm_refuses_are_not_rendered() {
         let f = r#"[{"type":"function","name":"f"},{"type":"namespace","name":"a","tools":[{"type":"function","name":"g"}]},{"type":"namespace","name":"b","tools":[{"type":"function","name":"g"}]}]"#;
         let with = |choice: &str| {
-            parse(&format!(r#"{{"input":"x","tools":{f},"tool_choice":{choice}}}"#).leak()).messages.is_ok()
+            let body = format!(r#"{{"input":"x","tools":{f},"tool_choice":{choice}}}"#);
+            parse(&body).messages.is_ok()
         };
         assert!(with(r#""none""#) && with(r#""required""#) && with(r#"{"type":"function","name":"f"}"#));
         assert!(with(r#"{"type":"function","name":"a__g"}"#));
