@@ -47,6 +47,11 @@ pub const WORKER_ENGINE_COUNTERS_REFUSED: &str = "mmrouter_worker_engine_counter
 /// `already_loaded` (the engine had it: another replica was first), `refused` (the engine's error
 /// answer), `unreachable`, `timeout`.
 pub const ADAPTER_LOADS_TOTAL: &str = "mmrouter_adapter_loads_total";
+/// Counter `{adapter}`: requests naming a LoRA adapter their pool knows, by adapter: the first
+/// [`MAX_ADAPTER_LABELS`] adapters seen by name, every later one as `other` (bounded).
+pub const ADAPTER_REQUESTS_TOTAL: &str = "mmrouter_adapter_requests_total";
+/// Most adapter names `mmrouter_adapter_requests_total` labels.
+pub const MAX_ADAPTER_LABELS: usize = 32;
 /// Gauge `{worker, state}`: LoRA adapters a worker's engine lists (`served`) and those likely in its
 /// LoRA slots now (`active`: its engine's running and waiting adapters, and this router's sends in
 /// the last minute).
@@ -272,6 +277,7 @@ fn describe(r: &PrometheusRecorder) {
         "Readings of the engine's processor-cache counters refused as absurd, per worker and reason.",
     );
     counter(ADAPTER_LOADS_TOTAL, "Runtime LoRA adapter loads per worker, by outcome.");
+    counter(ADAPTER_REQUESTS_TOTAL, "Requests naming a LoRA adapter, by adapter (the first 32 seen; then other).");
     gauge(WORKER_ADAPTERS, "LoRA adapters per worker: listed by its engine (served) or likely in its slots (active).");
     histogram(KV_OVERLAP_TOKENS, None, "Prompt tokens the chosen worker was predicted to hold.");
     histogram(STAGE_DURATION_SECONDS, Some(Unit::Seconds), "Time spent per pipeline stage.");

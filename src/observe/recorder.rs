@@ -22,6 +22,8 @@ pub struct Observer {
     pub(super) rejected: Cache<u16, Counter>,
     pub(super) rejected_reasons: Cache<&'static str, Counter>,
     pub(super) pool_requests: Cache<String, Counter>,
+    /// Requests by LoRA adapter, the first [`MAX_ADAPTER_LABELS`] adapters by name, later ones `other`.
+    adapter_requests: Cache<String, Counter>,
     pub(super) fallback: Cache<&'static str, Counter>,
     pub(super) unrendered: Cache<&'static str, Counter>,
     pub(super) retries: Cache<&'static str, Counter>,
@@ -78,6 +80,7 @@ impl Observer {
             rejected: Cache::new(),
             rejected_reasons: Cache::new(),
             pool_requests: Cache::new(),
+            adapter_requests: Cache::new(),
             fallback: Cache::new(),
             unrendered: Cache::new(),
             retries: Cache::new(),
@@ -189,6 +192,12 @@ impl Observer {
         self.booking_delay
             .get_or_init(|| self.recorder.register_histogram(&Self::key(CLUSTER_BOOKING_DELAY_SECONDS, &[]), &METADATA))
             .record(secs);
+    }
+
+    /// A request named LoRA `adapter` (one its pool knows: listed by a worker or configured).
+    pub fn adapter_request(&self, adapter: &str) {
+        let make = |a: &str| self.counter(ADAPTER_REQUESTS_TOTAL, &[("adapter", a)]);
+        self.adapter_requests.get_capped(adapter, MAX_ADAPTER_LABELS, "other", make).increment(1);
     }
 
     /// A runtime LoRA load on `worker` ended with `outcome` (`pools::lora_load`).

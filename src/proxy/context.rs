@@ -108,6 +108,9 @@ impl Ctx {
 
     /// The observation phase: hands what this request did to the observer, once.
     pub fn observe(&self, observe: &Observer, ending: Ending, drift: Option<f64>) {
+        if let Some(adapter) = &self.adapter {
+            observe.adapter_request(adapter);
+        }
         observe.record(&RequestRecord {
             pool: self.pool.as_ref().map(|p| p.name.as_str()),
             plan: self.plan.as_ref(),

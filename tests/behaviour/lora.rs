@@ -138,6 +138,7 @@ async fn an_adapters_requests_stay_on_the_worker_that_has_it_active() {
         |w: &str, state: &str| metric(&m, "mmrouter_worker_adapters", &format!("worker=\"{w}\",state=\"{state}\""));
     assert_eq!((gauge(&active, "served"), gauge(&active, "active")), (1.0, 1.0), "{m}");
     assert_eq!((gauge(other, "served"), gauge(other, "active")), (1.0, 0.0), "{m}");
+    assert_eq!(metric(&m, "mmrouter_adapter_requests_total", "adapter=\"sql-lora\""), 12.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
