@@ -69,6 +69,10 @@ fn add_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), SimError> {
             else {
                 return Err(bad("A function_call item needs `call_id`, `name` and `arguments`", "input"));
             };
+            let name = match text("namespace").filter(|ns| !ns.is_empty()) {
+                Some(ns) => format!("{ns}__{name}"),
+                None => name,
+            };
             let call = json!({"id": call_id, "function": {"name": name, "arguments": arguments}, "type": "function"});
             match previous_assistant.and_then(Value::as_object_mut) {
                 Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
@@ -156,25 +160,37 @@ pub(crate) fn chat_body(body: &Value, messages: &[Value]) -> Value {
     Value::Object(chat)
 }
 
-/// The request's function tools as the chat template sees them (`{"type": "function", "function":
-/// {name, description, parameters[, strict]}}`), none when `tool_choice` is "none".
+/// The request's function tools as chat tools (vLLM's `construct_tool_dicts`, whatever the tool
+/// choice): each function tool's fields but `type` under `function`, a namespace's functions named
+/// `<namespace>__<name>`; other tools are not shown to the model. The chat path then keeps the keys
+/// vLLM's `FunctionDefinition` keeps.
 fn chat_tools(body: &Value) -> Vec<Value> {
     let Some(tools) = body.get("tools").and_then(Value::as_array) else { return Vec::new() };
-    if body.get("tool_choice") == Some(&json!("none")) {
-        return Vec::new();
-    }
-    let function = |t: &Value| {
-        let mut f = json!({
-            "name": t.get("name").cloned().unwrap_or(Value::Null),
-            "description": t.get("description").cloned().unwrap_or(Value::Null),
-            "parameters": t.get("parameters").cloned().unwrap_or(Value::Null),
-        });
-        if let Some(strict) = t.get("strict").filter(|s| !s.is_null()) {
-            f["strict"] = strict.clone();
+    let mut out = Vec::new();
+    for tool in tools {
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => out.extend(chat_tool(tool, None)),
+            Some("namespace") => {
+                let ns = tool.get("name").and_then(Value::as_str);
+                let inner = tool.get("tools").and_then(Value::as_array).into_iter().flatten();
+                out.extend(
+                    inner.filter(|t| t.get("type") == Some(&json!("function"))).filter_map(|t| chat_tool(t, ns)),
+                );
+            }
+            _ => {}
         }
-        json!({"type": "function", "function": f})
-    };
-    tools.iter().filter(|t| t.get("type") == Some(&json!("function"))).map(function).collect()
+    }
+    out
+}
+
+fn chat_tool(tool: &Value, namespace: Option<&str>) -> Option<Value> {
+    let mut function: Map<String, Value> =
+        tool.as_object()?.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+    if let Some(ns) = namespace {
+        let name = function.get("name")?.as_str()?;
+        function.insert("name".to_owned(), json!(format!("{ns}__{name}")));
+    }
+    Some(json!({"type": "function", "function": function}))
 }
 
 #[cfg(test)]
@@ -231,10 +247,15 @@ mod tests {
         let chat = chat_body(&body, &messages(&body, None).expect("messages"));
         assert_eq!((chat["model"].as_str(), chat["cache_salt"].as_str()), (Some("m"), Some("s")));
         let f = &chat["tools"][0]["function"];
-        assert_eq!((f["name"].as_str(), &f["description"], &f["strict"]), (Some("f"), &Value::Null, &json!(true)));
+        assert_eq!(*f, json!({"name": "f", "parameters": {"type": "object"}, "strict": true}));
         assert_eq!((&chat["continue_final_message"], &chat["add_generation_prompt"]), (&json!(true), &json!(false)));
         assert_eq!(chat["chat_template_kwargs"], json!({"reasoning_effort": "low", "enable_thinking": true}));
-        let none = chat_body(&json!({"tools": [{"type": "function", "name": "f"}], "tool_choice": "none"}), &[]);
-        assert!(none.get("tools").is_none());
+        // Shown whatever the tool choice; a namespace's flattened, built-in tools dropped.
+        let tools = json!([{"type": "function", "name": "f"}, {"type": "web_search"},
+            {"type": "namespace", "name": "maps", "tools": [{"type": "function", "name": "route"}]}]);
+        let chat = chat_body(&json!({"tools": tools, "tool_choice": "none"}), &[]);
+        let names: Vec<&str> =
+            chat["tools"].as_array().expect("tools").iter().filter_map(|t| t["function"]["name"].as_str()).collect();
+        assert_eq!(names, ["f", "maps__route"]);
     }
 }

@@ -299,3 +299,60 @@ async fn tokenize_and_detokenize_as_vllm() {
     let words = start(fast()).await;
     assert_eq!(post(&words, "/tokenize", &body(json!({"prompt": "x"}))).await.status(), 501);
 }
+
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// A golden body as vLLM's render server got it: each `asset:<file>` a data URL of that image.
+fn inline_assets(v: &mut Value) {
+    use base64::Engine as _;
+    match v {
+        Value::String(s) if s.starts_with("asset:") => {
+            let file = &s["asset:".len()..];
+            let bytes = std::fs::read(fixtures().join("images").join(file)).expect("fixture image");
+            let mime = if file.ends_with(".jpg") {
+                "image/jpeg".to_owned()
+            } else {
+                format!("image/{}", file.rsplit('.').next().unwrap_or("png"))
+            };
+            *s = format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes));
+        }
+        Value::Array(items) => items.iter_mut().for_each(inline_assets),
+        Value::Object(map) => map.values_mut().for_each(inline_assets),
+        _ => {}
+    }
+}
+
+/// vLLM 0.32's own renders of Responses bodies (`tests/fixtures/responses/goldens.json`, from its
+/// `/v1/responses/render`): the sim's answer counts exactly the tokens vLLM rendered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_tokens_equal_vllms_own_render_of_each_golden_body() {
+    let goldens: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("responses/goldens.json")).expect("goldens"))
+            .expect("json");
+    let sim = sim::spawn_exact(fast()).await.expect("sim starts");
+    let (mut failures, mut checked) = (Vec::new(), 0);
+    let bodies = goldens["bodies"].as_array().expect("bodies");
+    for (b, row) in bodies.iter().zip(goldens["renders"]["qwen3_vl"].as_array().expect("renders")) {
+        if row["outcome"] != "ok" {
+            continue;
+        }
+        let mut request = b["request"].clone();
+        inline_assets(&mut request);
+        request["model"] = json!(DEFAULT);
+        let resp = post(&sim, RESPONSES, &body(request)).await;
+        let status = resp.status();
+        let v: Value = resp.json().await.expect("json");
+        let want = row["ids"].as_array().map_or(0, Vec::len) as u64;
+        checked += 1;
+        if status != 200 || v["usage"]["input_tokens"].as_u64() != Some(want) {
+            failures.push(format!(
+                "{}: {status}, {} input tokens, vLLM rendered {want}",
+                b["name"], v["usage"]["input_tokens"]
+            ));
+        }
+    }
+    assert_eq!(checked, 23);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
