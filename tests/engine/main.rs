@@ -3,7 +3,8 @@
 //! simulator-backed tests make about engines is checked here against the engine itself: token ids
 //! (vLLM's own renderer), prompt-token counts, cached tokens after a repeat, image uuids in the
 //! engine's events, traffic around the router, evictions, an engine restart, a fallback body byte for
-//! byte, discovery, and `mmrouter doctor`'s lines.
+//! byte, discovery, `mmrouter doctor`'s lines, a LoRA adapter's keys and routing (`lora.rs`) and the
+//! Responses API (`responses.rs`).
 //!
 //! Ignored by a plain `cargo test` (it needs a 6 GB venv and minutes per engine start): run
 //! `tests/engine/run.sh`, which installs vLLM, builds the checkpoints and runs these one at a time.
@@ -13,6 +14,7 @@ mod corpus;
 mod disagg;
 mod engine;
 mod lora;
+mod responses;
 mod tee;
 mod video;
 

@@ -9,7 +9,9 @@
 # plus disaggregated serving (disagg.rs): two P/D engines, then three E/PD engines, each set started
 # together and checked in 5-30 s. Measured: 748 s for both on a machine busy with other builds (the
 # engine sets up in 253 and 466 s; the whole suite 1349 s there); an idle machine starts engines 2-4x
-# faster (one alone in ~70 s), so ~5 min is the estimate for CI.
+# faster (one alone in ~70 s), so ~5 min is the estimate for CI. LoRA (lora.rs: two engines, one serving
+# a random adapter) and the Responses API (responses.rs: two engines storing responses): ~20-30 s of
+# checks each after their engines' start (161-231 s on a machine busy with builds); both 413 s in one run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
