@@ -204,6 +204,22 @@ mod tests {
     }
 
     #[test]
+    fn the_config_names_loadable_adapters_per_pool_and_checks_them() {
+        let workers = "[[workers]]\nname = \"w\"\nurl = \"http://127.0.0.1:1\"\n";
+        let parse = |model: &str| crate::config::Settings::parse(&format!("[model]\n{model}\n{workers}"));
+        let c = parse(r#"load_lora_adapters = [{ name = "sql", path = "/m/sql" }]"#).unwrap();
+        let want = [LoadLoraAdapter { name: "sql".into(), path: "/m/sql".into() }];
+        assert_eq!(c.pools[0].load_lora_adapters, want);
+        assert_eq!(c.pools[0].pipeline.model.lora_adapters, ["sql"], "keyed as an adapter");
+        assert!(parse("").unwrap().pools[0].load_lora_adapters.is_empty(), "off by default");
+        let err = |model: &str| parse(model).unwrap_err().to_string();
+        assert!(err(r#"load_lora_adapters = [{ name = "", path = "/m" }]"#).contains("model.load_lora_adapters[0]"));
+        let twice = r#"load_lora_adapters = [{ name = "a", path = "/a" }, { name = "a", path = "/b" }]"#;
+        assert!(err(twice).contains("model.load_lora_adapters[1]"), "{}", err(twice));
+        assert!(err(r#"load_lora_adapters = [{ name = "a", path = "/a", inplace = true }]"#).contains("inplace"));
+    }
+
+    #[test]
     fn only_configured_adapters_are_loadable() {
         let l = AdapterLoader::new(&[LoadLoraAdapter { name: "sql".into(), path: "/m/sql".into() }]);
         assert!(l.loadable("sql"));
