@@ -2,7 +2,9 @@
 //!
 //! It answers OpenAI `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
 //! deterministic text — `n` choices, `logprobs`, tool calls and JSON output (`response_format`) in
-//! vLLM's shapes, and vLLM's 400 `BadRequestError` for what vLLM's validators refuse — keeps a paged
+//! vLLM's shapes, and vLLM's 400 `BadRequestError` for what vLLM's validators refuse — and vLLM 0.32's
+//! Responses API (`responses`: whole and streamed, its store behind `--responses-store`, a
+//! `previous_response_id` continuing the stored conversation) and `/tokenize`, `/detokenize`; keeps a paged
 //! prefix KV cache shaped like vLLM's (`cache`) and its image processor and encoder caches
 //! (`mm_cache`), reports `usage.prompt_tokens_details.cached_tokens`,
 //! delays answers by a timing model ([`timing`]: prefill, image preprocessing and encoding), exposes
@@ -59,8 +61,8 @@ mod responses;
 mod schema;
 mod server;
 mod stats;
-mod tokenize;
 pub mod timing;
+mod tokenize;
 
 pub use error::SimError;
 pub use exact::{engine_image_id, run_exact, spawn_exact};
