@@ -46,8 +46,8 @@ const FIELDS: &[&str] = &[
 /// `reasoning.effort` values vLLM's schema accepts.
 const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
 
-/// The part types vLLM's schema accepts in a role message's content list.
-const INPUT_PARTS: &[&str] = &["input_text", "input_image", "input_file", "output_text", "refusal"];
+/// The part types vLLM's schema accepts in the content list of a role message passed on as sent.
+const INPUT_PARTS: &[&str] = &["input_text", "input_image", "input_file"];
 
 /// What the parse kept of the top-level keys that are converted.
 #[derive(Default)]
@@ -485,11 +485,14 @@ fn check_role_message(i: usize, item: &Message) -> Result<(), String> {
     for (j, part) in parts.iter().enumerate() {
         let ok = match part {
             Part::Image(_) => true,
-            Part::Object(fields) => fields
-                .iter()
-                .find(|(k, _)| k == "type")
-                .and_then(|(_, v)| v.as_str())
-                .is_some_and(|t| INPUT_PARTS.contains(&t)),
+            Part::Object(fields) => {
+                let get = |k: &str| fields.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+                match get("type").and_then(Value::as_str) {
+                    Some("input_text") => matches!(get("text"), Some(Value::String(_))),
+                    Some(t) => INPUT_PARTS.contains(&t),
+                    None => false,
+                }
+            }
             Part::Video | Part::Json(_) => false,
         };
         if !ok {
@@ -679,6 +682,9 @@ mod tests {
         assert!(refusal(r#"{"input":[{"role":"tool","content":"x"}]}"#).contains("role"));
         assert!(refusal(r#"{"input":[{"role":"user","content":[{"type":"text","text":"x"}]}]}"#).contains("content[0]"));
         assert!(refusal(r#"{"input":[{"role":"user"}]}"#).contains("content"));
+        assert!(refusal(r#"{"input":[{"role":"user","content":[{"type":"output_text","text":"x"}]}]}"#)
+            .contains("content[0]"));
+        assert!(refusal(r#"{"input":[{"role":"user","content":[{"type":"input_text"}]}]}"#).contains("content[0]"));
         assert!(refusal(r#"{"input":[7]}"#).contains("input[0] must be an object"));
         assert!(refusal(r#"{"input":{"role":"user"}}"#).contains("`input`"));
         assert!(refusal(r#"{"model":"m"}"#).contains("`input` is required"));
