@@ -219,3 +219,30 @@ async fn a_failed_load_is_a_503_with_the_workers_reason_and_is_counted() {
     let r = client().get(format!("{}/v1/models/other-lora", c.url)).send().await.unwrap();
     assert_eq!(r.status(), 404);
 }
+
+/// `/tokenize` naming an adapter (unplanned, passed through) goes only to a worker that serves it: the
+/// others would answer 404 for a model they do not know, as vLLM does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_for_an_adapter_goes_to_a_worker_serving_it() {
+    let mut s = sims(1, |o| {
+        fast(o);
+        o.lora_modules = vec!["sql-lora".into()];
+    })
+    .await;
+    s.extend(sims(2, fast).await);
+    let serving = s[0].name().to_owned();
+    let c = cluster_with(s, "[server]\nhealth_interval_ms = 100\n").await;
+    until_listed(&c.url, "sql-lora").await;
+    for i in 0..8 {
+        let body = serde_json::json!({"model": "sql-lora", "prompt": format!("Tokenize me, number {i}")});
+        let r = client()
+            .post(format!("{}/tokenize", c.url))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(header(&r, "x-mmrouter-worker"), serving, "tokenize {i}");
+        assert_eq!(r.status(), 200, "tokenize {i}");
+    }
+}
