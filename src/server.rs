@@ -141,6 +141,7 @@ pub async fn serve_state(
         tokio::spawn(bootstrap);
     }
     pools::spawn_checks(&state.pools, cfg.server.health_interval);
+    pools::spawn_dns(&state.pools, &cfg.discovery);
     let front = Front::new(cfg, state.observe.clone(), state.draining.clone());
     let shared = Arc::new(conn::Shared {
         settings: cfg.server.conn.clone(),

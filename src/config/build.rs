@@ -14,13 +14,15 @@ use mmrouter_core::prompt::ContentFormat;
 use mmrouter_core::routing::{Engine, Role, RoutingConfig, WorkerSpec};
 use mmrouter_kv_events::discovery::MAX_DATA_PARALLEL;
 
+use super::dns::dns_entry;
 use super::file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
 use super::roles::{check_roles, Member};
 use super::settings::{
-    AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,
+    AuthSettings, ConnSettings, DiscoverySettings, DnsEntry, EventSource, PoolSettings, ServerSettings, Settings,
+    UpstreamAuth, WorkerSettings,
 };
 
 impl Default for ConnSettings {
@@ -48,6 +50,7 @@ impl Settings {
             kv_events: KvEventsSection::default(),
             cluster: None,
             responses: ResponsesConfig::default(),
+            discovery: DiscoverySettings::default(),
         }
     }
 
@@ -79,11 +82,13 @@ impl Settings {
         file.retries.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         file.kv_events.validate()?;
         file.responses.validate()?;
+        let mut discovery = file.discovery.settings()?;
         let pools = if file.pools.is_empty() {
             let model = model_spec(&file.model)?;
             let workers = worker_specs(&file.workers)?;
             let name = model.name.clone();
-            pool_roles(&name, &workers).map_err(|e| anyhow::anyhow!("workers: {e}"))?;
+            discovery.entries = dns_entries(&name, "workers", &file.workers)?;
+            pool_roles(&name, &workers, &discovery.entries).map_err(|e| anyhow::anyhow!("workers: {e}"))?;
             let pipeline = PipelineConfig { model, media: file.media };
             let load_lora_adapters = file.model.load_lora_adapters.clone();
             vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing, load_lora_adapters }]
@@ -93,11 +98,15 @@ impl Settings {
                     "pools: with [[pools]], workers belong to their pool ([[pools.workers]]), not [[workers]]"
                 );
             }
-            pool_settings(&file.pools, &file.media, &file.routing)?
+            let pools = pool_settings(&file.pools, &file.media, &file.routing)?;
+            for (i, p) in file.pools.iter().enumerate() {
+                discovery.entries.extend(dns_entries(&p.name, &format!("pools[{i}].workers"), &p.workers)?);
+            }
+            pools
         };
         let cluster = file.cluster.as_ref().map(|c| c.settings()).transpose()?;
         let (retries, kv_events, responses) = (file.retries, file.kv_events, file.responses);
-        Ok(Settings { server, pools, auth, retries, kv_events, cluster, responses })
+        Ok(Settings { server, pools, auth, retries, kv_events, cluster, responses, discovery })
     }
 }
 
@@ -337,7 +346,8 @@ fn pool_settings(
             anyhow::bail!("pools[{i}].models: '{dup}' is served by another pool too");
         }
         let pool_workers = worker_specs(&p.workers).map_err(at)?;
-        pool_roles(&p.name, &pool_workers).map_err(|e| anyhow::anyhow!("pools[{i}].workers: {e}"))?;
+        let entries = dns_entries(&p.name, &format!("pools[{i}].workers"), &p.workers)?;
+        pool_roles(&p.name, &pool_workers, &entries).map_err(|e| anyhow::anyhow!("pools[{i}].workers: {e}"))?;
         if let Some(dup) = pool_workers.iter().find(|w| !workers.insert(w.spec.name.clone())) {
             anyhow::bail!("pools[{i}].workers: worker name '{}' is used in another pool too", dup.spec.name);
         }
@@ -358,7 +368,10 @@ fn worker_specs(workers: &[WorkerSection]) -> anyhow::Result<Vec<WorkerSettings>
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(workers.len());
     for (i, w) in workers.iter().enumerate() {
-        out.push(worker_settings(&format!("workers[{i}]"), w)?);
+        // DNS entries become workers at run time (`dns_entries`).
+        if !w.is_dns() {
+            out.push(worker_settings(&format!("workers[{i}]"), w)?);
+        }
         if !seen.insert(w.name.as_str()) {
             anyhow::bail!("workers[{i}].name: duplicate worker name '{}'", w.name);
         }
@@ -396,6 +409,9 @@ pub fn check_worker_url(url: &str) -> anyhow::Result<()> {
 /// One worker entry validated: the one set of rules for `[[workers]]` entries and for workers added
 /// through the admin API. `at` names the entry in errors (`workers[2]`, `worker`).
 pub fn worker_settings(at: &str, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
+    if w.is_dns() || w.port.is_some() || w.scheme.is_some() {
+        anyhow::bail!("{at}: dns, dns_srv, port and scheme belong to a config file's DNS entries (docs/dns.md)");
+    }
     check_worker_name(&w.name).map_err(|e| anyhow::anyhow!("{at}.name {e}"))?;
     check_worker_url(&w.url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
     check_bootstrap_port(at, w)?;
@@ -461,7 +477,19 @@ fn check_bootstrap_port(at: &str, w: &WorkerSection) -> anyhow::Result<()> {
     }
 }
 
-/// The pool-level role rules over a pool's configured workers.
-fn pool_roles(pool: &str, workers: &[WorkerSettings]) -> anyhow::Result<()> {
-    check_roles(pool, workers.iter().map(|w| Member::from(&w.spec))).map_err(anyhow::Error::from)
+/// The pool-level role rules over a pool's configured workers and its DNS entries' templates.
+fn pool_roles(pool: &str, workers: &[WorkerSettings], entries: &[DnsEntry]) -> anyhow::Result<()> {
+    let templates = entries.iter().filter(|e| e.pool == pool).map(|e| &e.template.spec);
+    check_roles(pool, workers.iter().map(|w| &w.spec).chain(templates).map(Member::from)).map_err(anyhow::Error::from)
+}
+
+/// The DNS entries among a pool's `[[workers]]` (`at`: the list's key in errors).
+fn dns_entries(pool: &str, at: &str, workers: &[WorkerSection]) -> anyhow::Result<Vec<DnsEntry>> {
+    let dns = workers.iter().enumerate().filter(|(_, w)| w.is_dns());
+    dns.map(|(i, w)| dns_entry(pool, &format!("{at}[{i}]"), w, worker_without_dns)).collect()
+}
+
+/// [`worker_settings`] for a DNS entry's template (its DNS keys already read).
+fn worker_without_dns(at: &str, w: &WorkerSection) -> anyhow::Result<WorkerSettings> {
+    worker_settings(at, &WorkerSection { port: None, scheme: None, ..w.clone() })
 }

@@ -8,6 +8,7 @@ use mmrouter_core::routing::{Engine, Role, RoutingConfig};
 use serde::Deserialize;
 
 use super::cluster::ClusterSection;
+use super::discovery::DiscoverySection;
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
@@ -41,6 +42,9 @@ pub struct ConfigFile {
     pub responses: ResponsesConfig,
     /// Several replicas routing as one; absent: this router is alone.
     pub cluster: Option<ClusterSection>,
+    /// How `[[workers]]` entries with `dns` / `dns_srv` are resolved (docs/dns.md).
+    #[serde(default)]
+    pub discovery: DiscoverySection,
 }
 
 /// One `[[pools]]` entry.
@@ -243,8 +247,18 @@ impl Default for ModelSection {
 #[serde(deny_unknown_fields)]
 pub struct WorkerSection {
     pub name: String,
-    /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`).
+    /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing `/v1`); or, instead, `dns` or `dns_srv`.
+    #[serde(default)]
     pub url: String,
+    /// A DNS name whose A (else AAAA) records are the workers, on `port`, re-resolved every
+    /// `discovery.interval_ms` (a Kubernetes headless Service). The entry's other keys apply to each.
+    pub dns: Option<String>,
+    /// A DNS name whose SRV records (target and port) are the workers.
+    pub dns_srv: Option<String>,
+    /// With `dns`: the workers' port.
+    pub port: Option<u16>,
+    /// With `dns` / `dns_srv`: `http` (default) or `https`.
+    pub scheme: Option<String>,
     /// `vllm` (default) or `sglang`.
     #[serde(default)]
     pub engine: Engine,

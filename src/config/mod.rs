@@ -13,6 +13,8 @@
 
 mod build;
 mod cluster;
+mod discovery;
+mod dns;
 mod file;
 mod flags;
 mod kv_events;
@@ -24,6 +26,7 @@ mod settings;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
 pub use cluster::{ClusterSection, ClusterSettings, PeerQuotas};
+pub use discovery::DiscoverySection;
 pub use file::{AuthSection, ConfigFile, LoadLoraAdapter, ModelSection, PoolSection, ServerSection, WorkerSection};
 pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
@@ -32,7 +35,8 @@ pub use responses::ResponsesConfig;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use roles::{check_roles, engine_label, Member, RolesError};
 pub use settings::{
-    AuthSettings, ConnSettings, EventSource, PoolSettings, ServerSettings, Settings, UpstreamAuth, WorkerSettings,
+    discovered_name, AuthSettings, ConnSettings, DiscoverySettings, DnsEntry, DnsLookup, EventSource, PoolSettings,
+    ServerSettings, Settings, UpstreamAuth, WorkerSettings,
 };
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ pub struct Settings {
     pub kv_events: KvEventsSection,
     pub cluster: Option<ClusterSettings>,
     pub responses: ResponsesConfig,
+    /// `[discovery]` and the pools' DNS worker entries.
+    pub discovery: DiscoverySettings,
 }
 
 /// One pool, validated: a model (with the media settings), its served names, its workers, its routing.
@@ -131,4 +133,67 @@ impl Default for ServerSettings {
             conn: ConnSettings::default(),
         }
     }
+}
+
+/// `[discovery]`, validated, with every pool's DNS entries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiscoverySettings {
+    pub interval: Duration,
+    pub nameserver: Option<SocketAddr>,
+    pub timeout: Duration,
+    pub max_addresses: usize,
+    /// The DNS worker entries of every pool, in file order.
+    pub entries: Vec<DnsEntry>,
+}
+
+impl DiscoverySettings {
+    /// What a reload cannot change (the resolver and its loop are built once): everything but the
+    /// entries.
+    pub fn same_resolver(&self, other: &DiscoverySettings) -> bool {
+        (self.interval, self.nameserver, self.timeout, self.max_addresses)
+            == (other.interval, other.nameserver, other.timeout, other.max_addresses)
+    }
+}
+
+/// What a DNS entry looks up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DnsLookup {
+    /// A records (AAAA when there are none) of `host`, each a worker on `port`.
+    Addresses { host: String, port: u16 },
+    /// SRV records of `name`: each target's addresses, on the record's port.
+    Srv { name: String },
+}
+
+/// One DNS worker entry: where its workers come from and what each of them is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DnsEntry {
+    /// The pool its workers join.
+    pub pool: String,
+    /// The entry's `name`: its workers are `{name}@{address}:{port}`.
+    pub name: String,
+    pub lookup: DnsLookup,
+    /// `http` or `https`.
+    pub scheme: String,
+    /// Every key of the entry but the address (name and URL are replaced per worker).
+    pub template: WorkerSettings,
+}
+
+impl DnsEntry {
+    /// The worker at `addr`.
+    pub fn worker(&self, addr: SocketAddr) -> WorkerSettings {
+        let mut w = self.template.clone();
+        w.spec.name = discovered_name(&self.name, addr);
+        w.spec.url = format!("{}://{addr}", self.scheme);
+        w
+    }
+
+    /// The entry's label: `{pool}/{name}` (metrics, logs).
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.pool, self.name)
+    }
+}
+
+/// A discovered worker's name: the entry's name, `@`, and its socket address (`[v6]:port`).
+pub fn discovered_name(entry: &str, addr: SocketAddr) -> String {
+    format!("{entry}@{addr}")
 }

@@ -198,6 +198,13 @@ pub const CLUSTER_SNAPSHOT_FAILURES_TOTAL: &str = "mmrouter_cluster_snapshot_fai
 /// fell back to the engine's ring and the worker's grafted state was dropped (`resume_ahead`: past
 /// anything the engine published; `resume_unreachable`: older than its ring reaches).
 pub const CLUSTER_RESUME_FALLBACKS_TOTAL: &str = "mmrouter_cluster_resume_fallbacks_total";
+/// Counter `{entry, outcome}`: resolutions of a DNS worker entry (`entry`: `pool/name`, from the
+/// config): `ok`, `truncated` (more addresses than `discovery.max_addresses`), `empty` (no records:
+/// drained once the next answer agrees), `failed` (no answer: the workers kept), `refused` (an
+/// address the pool refused to add, e.g. its name taken).
+pub const DNS_RESOLUTIONS_TOTAL: &str = "mmrouter_dns_resolutions_total";
+/// Gauge `{entry}`: the workers a DNS worker entry has added and not retired.
+pub const DNS_WORKERS: &str = "mmrouter_dns_workers";
 
 /// A recorder with every family described and every histogram's buckets set.
 pub(super) fn recorder() -> PrometheusRecorder {
@@ -330,4 +337,6 @@ fn describe(r: &PrometheusRecorder) {
     counter(CLUSTER_SNAPSHOT_BYTES_TOTAL, "Index snapshot bytes sent to and received from peer replicas.");
     counter(CLUSTER_SNAPSHOT_FAILURES_TOTAL, "Snapshot fetches from a peer that failed, by reason.");
     counter(CLUSTER_RESUME_FALLBACKS_TOTAL, "Grafted resume points the engine refuted, by reason.");
+    counter(DNS_RESOLUTIONS_TOTAL, "Resolutions of each DNS worker entry, by outcome.");
+    gauge(DNS_WORKERS, "Workers each DNS worker entry has in its pool.");
 }

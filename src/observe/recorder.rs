@@ -210,6 +210,16 @@ impl Observer {
         self.series(worker).counter_for(WORKER_ENGINE_COUNTERS_REFUSED, &[("reason", reason)]).increment(1);
     }
 
+    /// A resolution of DNS worker entry `entry` (`pool/name`) and its `outcome` (the DNS watch).
+    pub fn dns_resolution(&self, entry: &str, outcome: &'static str) {
+        self.counter(DNS_RESOLUTIONS_TOTAL, &[("entry", entry), ("outcome", outcome)]).increment(1);
+    }
+
+    /// The workers DNS worker entry `entry` has in its pool.
+    pub fn dns_workers(&self, entry: &str, n: usize) {
+        self.recorder.register_gauge(&Self::key(DNS_WORKERS, &[("entry", entry)]), &METADATA).set(n as f64);
+    }
+
     /// A KV-event batch from `worker` arrived `secs` after the engine stamped it (the feeds record it).
     pub fn event_lag(&self, worker: &str, secs: f64) {
         let series = self.series(worker);

@@ -218,6 +218,7 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
         ("[kv_events]", old.kv_events != new.kv_events),
         ("[cluster]", old.cluster != new.cluster),
         ("[responses]", old.responses != new.responses),
+        ("[discovery]", !old.discovery.same_resolver(&new.discovery)),
     ] {
         if changed {
             return Err(format!("{what} changed: restart to apply (a reload applies pools and workers)"));
