@@ -155,17 +155,23 @@ async fn base_first_then_adapter(r: &str, only_a: &str) {
     }
 }
 
-/// Eight adapter chats (text and images) all go to the engine that serves the adapter; twelve base
-/// chats of new prompts (ties between idle engines are random) reach both.
+/// Eight adapter chats (text and images) all go to the engine that serves the adapter, ranked alone in
+/// `/debug/route`; twelve base text chats of new prompts (ties between idle engines are random; an
+/// image chat would lean to the engine holding its image) reach both.
 async fn only_the_serving_engine_gets_the_adapter(r: &str) {
     for i in 0..8 {
         let (name, body) = corpus::chats(ADAPTER).swap_remove([0, 2, 3, 4][i % 4]);
+        let plan = debug(r, &body).await;
+        assert_eq!(plan["adapter"]["serving"], json!(["lora-a"]), "adapter chat {i} ({name}): {plan}");
+        assert_eq!(plan["candidates"], json!(["lora-a"]), "adapter chat {i} ({name}): ranked alone");
         let c = chat(r, &body).await;
         assert_eq!(c.worker.as_deref(), Some("lora-a"), "adapter chat {i} ({name})");
     }
+    let plan = debug(r, &corpus::chats(ADAPTER).swap_remove(0).1).await;
+    assert_eq!(plan["adapter"]["active"], json!(["lora-a"]), "the adapter active where it was sent: {plan}");
     let mut on_b = 0;
-    for i in 0..12 {
-        let (_, body) = corpus::chats(BASE).swap_remove([0, 2][i % 2]);
+    for _ in 0..12 {
+        let (_, body) = corpus::chats(BASE).swap_remove(0);
         on_b += usize::from(chat(r, &body).await.worker.as_deref() == Some("lora-b"));
     }
     assert!((1..12).contains(&on_b), "base chats should reach both engines: {on_b} of 12 on lora-b");
