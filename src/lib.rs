@@ -15,6 +15,7 @@ mod error;
 mod front;
 pub mod observe;
 mod ops;
+mod picker;
 mod pools;
 mod proxy;
 pub mod server;

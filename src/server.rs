@@ -19,7 +19,7 @@ use mmrouter_core::request::Endpoint;
 
 use crate::config::Settings;
 use crate::front::{conn, Front};
-use crate::{cluster, ops, pools, proxy};
+use crate::{cluster, ops, picker, pools, proxy};
 
 pub use crate::ops::metrics_text;
 pub use crate::state::AppState;
@@ -141,6 +141,9 @@ pub async fn serve_state(
         tokio::spawn(bootstrap);
     }
     pools::spawn_checks(&state.pools, cfg.server.health_interval);
+    if let Err(e) = picker::spawn(cfg, &state).await {
+        tracing::error!("{e}");
+    }
     pools::spawn_dns(&state.pools, &cfg.discovery);
     let front = Front::new(cfg, state.observe.clone(), state.draining.clone());
     let shared = Arc::new(conn::Shared {

@@ -153,6 +153,10 @@ pub struct ServeArgs {
     /// The address to listen on (`[server] listen`; default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
+    /// Also serve the endpoint picker (Envoy ext_proc, gRPC) on this address (`[server]
+    /// ext_proc_listen`; docs/gateway.md).
+    #[arg(long, value_name = "ADDR")]
+    pub ext_proc_listen: Option<String>,
     /// Print the config file these flags (over --config's file) amount to, and exit: served with
     /// --config, it is the same router.
     #[arg(long)]

@@ -29,7 +29,7 @@ pub async fn run(args: ServeArgs, shutdown: impl Future<Output = ()> + Send + 's
         return Ok(());
     }
     match file {
-        Some(path) if !flags.set_pool() => serve_file(path, args.listen, shutdown).await,
+        Some(path) if !flags.set_pool() => serve_file(path, &flags, shutdown).await,
         file => serve_flags(file.as_deref(), &flags, shutdown).await,
     }
 }
@@ -46,6 +46,7 @@ fn flags(args: &ServeArgs) -> ConfigFlags {
         engine: args.engine,
         block_size: args.block_size,
         listen: args.listen.clone(),
+        ext_proc_listen: args.ext_proc_listen.clone(),
     }
 }
 
@@ -66,15 +67,20 @@ fn read_table(path: &Path) -> anyhow::Result<Table> {
 }
 
 /// The file alone, reloadable: exactly what `serve --config` always did.
+/// `--listen` and `--ext-proc-listen` apply over it.
 async fn serve_file(
     path: PathBuf,
-    listen: Option<String>,
+    flags: &ConfigFlags,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let mut cfg = Settings::load(&path)?;
     crate::observe::logging::init(cfg.server.conn.log_json);
-    if let Some(l) = listen {
+    if let Some(l) = &flags.listen {
         cfg.server.listen = l.parse().map_err(|_| anyhow!("--listen: '{l}' is not an address like 127.0.0.1:8080"))?;
+    }
+    if let Some(a) = &flags.ext_proc_listen {
+        let addr = a.parse().map_err(|_| anyhow!("--ext-proc-listen: '{a}' is not an address like 127.0.0.1:9002"))?;
+        cfg.server.ext_proc_listen = Some(addr);
     }
     let listener = tokio::net::TcpListener::bind(cfg.server.listen)
         .await

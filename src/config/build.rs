@@ -118,6 +118,10 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
     if s.max_body_bytes == 0 {
         anyhow::bail!("server.max_body_bytes must be > 0");
     }
+    let ext_proc_listen = s.ext_proc_listen.as_deref().map(parse_ext_proc_listen).transpose()?;
+    if s.ext_proc_fallbacks > MAX_EXT_PROC_FALLBACKS {
+        anyhow::bail!("server.ext_proc_fallbacks must be at most {MAX_EXT_PROC_FALLBACKS}");
+    }
     for (key, v) in [
         ("server.connect_timeout_ms", s.connect_timeout_ms),
         ("server.first_byte_timeout_ms", s.first_byte_timeout_ms),
@@ -133,6 +137,8 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
     }
     Ok(ServerSettings {
         listen,
+        ext_proc_listen,
+        ext_proc_fallbacks: s.ext_proc_fallbacks,
         max_body_bytes: s.max_body_bytes,
         connect_timeout: Duration::from_millis(s.connect_timeout_ms),
         first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),
@@ -142,6 +148,13 @@ fn server_settings(s: &ServerSection) -> anyhow::Result<ServerSettings> {
         watch_config: (s.watch_config_ms > 0).then(|| Duration::from_millis(s.watch_config_ms)),
         conn: conn_settings(s)?,
     })
+}
+
+/// Endpoints a picker lists at most (the pick and its fallbacks stay one short header).
+const MAX_EXT_PROC_FALLBACKS: usize = 8;
+
+fn parse_ext_proc_listen(a: &str) -> anyhow::Result<SocketAddr> {
+    a.parse().map_err(|_| anyhow::anyhow!("server.ext_proc_listen: '{a}' is not an address like 127.0.0.1:9002"))
 }
 
 fn conn_settings(s: &ServerSection) -> anyhow::Result<ConnSettings> {

@@ -69,6 +69,10 @@ pub struct PoolSection {
 pub struct ServerSection {
     /// Address the proxy listens on.
     pub listen: String,
+    /// Address of the endpoint picker's gRPC server (Envoy ext_proc, docs/gateway.md); unset: none.
+    pub ext_proc_listen: Option<String>,
+    /// Fallback endpoints the picker lists after its pick, for a gateway that goes down the list.
+    pub ext_proc_fallbacks: usize,
     /// Largest request body accepted; larger bodies get an OpenAI-shaped 413 and nothing is forwarded.
     pub max_body_bytes: usize,
     /// Upstream TCP connect timeout.
@@ -113,6 +117,8 @@ impl Default for ServerSection {
     fn default() -> Self {
         ServerSection {
             listen: "127.0.0.1:8080".into(),
+            ext_proc_listen: None,
+            ext_proc_fallbacks: 0,
             max_body_bytes: 64 * 1024 * 1024,
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 120_000,

@@ -31,6 +31,8 @@ pub struct ConfigFlags {
     pub block_size: Option<u32>,
     /// `[server] listen`.
     pub listen: Option<String>,
+    /// `[server] ext_proc_listen`.
+    pub ext_proc_listen: Option<String>,
 }
 
 impl ConfigFlags {
@@ -80,6 +82,9 @@ impl ConfigFlags {
         if let Some(listen) = &self.listen {
             section(&mut doc, "server")?.insert("listen".into(), listen.clone().into());
         }
+        if let Some(addr) = &self.ext_proc_listen {
+            section(&mut doc, "server")?.insert("ext_proc_listen".into(), addr.clone().into());
+        }
         toml::to_string(&doc).map_err(|e| anyhow::anyhow!("the config as TOML: {e}"))
     }
 
@@ -112,6 +117,9 @@ impl ConfigFlags {
         }
         if let Some(l) = self.listen.as_deref().filter(|l| l.parse::<std::net::SocketAddr>().is_err()) {
             anyhow::bail!("--listen: '{l}' is not an address like 127.0.0.1:8080");
+        }
+        if let Some(a) = self.ext_proc_listen.as_deref().filter(|a| a.parse::<std::net::SocketAddr>().is_err()) {
+            anyhow::bail!("--ext-proc-listen: '{a}' is not an address like 127.0.0.1:9002");
         }
         Ok(())
     }
@@ -187,11 +195,13 @@ mod tests {
         let f = ConfigFlags {
             kv_events: Some("discover".into()),
             listen: Some("0.0.0.0:9000".into()),
+            ext_proc_listen: Some("127.0.0.1:9002".into()),
             ..flags("qwen3-vl", &["http://127.0.0.1:8001", "http://127.0.0.1:8002"])
         };
         let text = f.to_toml(None).unwrap();
         let c = Settings::parse(&text).unwrap();
         assert_eq!(c.server.listen.to_string(), "0.0.0.0:9000");
+        assert_eq!(c.server.ext_proc_listen.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:9002"));
         let names: Vec<_> = c.pools[0].workers.iter().map(|w| (w.spec.name.as_str(), w.spec.url.as_str())).collect();
         assert_eq!(names, [("worker-0", "http://127.0.0.1:8001"), ("worker-1", "http://127.0.0.1:8002")]);
         assert!(c.pools[0].workers.iter().all(|w| w.events == Some(EventSource::Discover)));
@@ -266,6 +276,7 @@ mod tests {
             ),
             (ConfigFlags { block_size: Some(0), ..one() }, "--block-size"),
             (ConfigFlags { listen: Some("localhost".into()), ..one() }, "--listen"),
+            (ConfigFlags { ext_proc_listen: Some("localhost".into()), ..one() }, "--ext-proc-listen"),
             (ConfigFlags { model_dir: None, ..one() }, "--model-dir"),
             (ConfigFlags { workers: Vec::new(), ..one() }, "--worker"),
             (ConfigFlags { prefill: vec!["ftp://x".into()], ..one() }, "--prefill"),

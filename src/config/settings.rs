@@ -69,6 +69,10 @@ impl PoolSettings {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
+    /// The endpoint picker's gRPC address (`None`: no picker).
+    pub ext_proc_listen: Option<SocketAddr>,
+    /// Fallback endpoints listed after the picker's pick.
+    pub ext_proc_fallbacks: usize,
     pub max_body_bytes: usize,
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
@@ -123,6 +127,8 @@ impl Default for ServerSettings {
         let s = ServerSection::default();
         ServerSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            ext_proc_listen: None,
+            ext_proc_fallbacks: 0,
             max_body_bytes: s.max_body_bytes,
             connect_timeout: Duration::from_millis(s.connect_timeout_ms),
             first_byte_timeout: Duration::from_millis(s.first_byte_timeout_ms),

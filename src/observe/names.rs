@@ -121,6 +121,9 @@ pub const CONNECTIONS_OPEN: &str = "mmrouter_connections_open";
 pub const INFLIGHT_REQUESTS: &str = "mmrouter_inflight_requests";
 /// Counter `{reason}`: connections or requests refused with a 503 (`connections`, `inflight`).
 pub const SHED_TOTAL: &str = "mmrouter_shed_total";
+/// Counter `{outcome}`: the endpoint picker's decisions (docs/gateway.md): `picked`, `unavailable`
+/// (503: no worker), `shed` (429: at capacity), `rejected` (the request refused, 4xx).
+pub const PICKER_DECISIONS_TOTAL: &str = "mmrouter_picker_decisions_total";
 /// Counter `{kind}`: client connections cut by a timeout (`header`, `body`, `idle`, `drain`).
 pub const CLIENT_TIMEOUTS_TOTAL: &str = "mmrouter_client_timeouts_total";
 /// Counter `{scope}`: requests refused for a missing or wrong key (`client`, `admin`).
@@ -315,6 +318,7 @@ fn describe(r: &PrometheusRecorder) {
     histogram(KV_EVENT_LAG_SECONDS, Some(Unit::Seconds), "Receive time minus the engine's batch timestamp.");
     gauge(CONNECTIONS_OPEN, "Client connections open.");
     gauge(INFLIGHT_REQUESTS, "Client requests in flight (server.max_inflight_requests caps them).");
+    counter(PICKER_DECISIONS_TOTAL, "Endpoint-picker decisions, by outcome: picked, unavailable, shed, rejected.");
     counter(SHED_TOTAL, "Connections or requests refused with a 503 for load, by reason: connections, inflight.");
     counter(CLIENT_TIMEOUTS_TOTAL, "Client connections cut by a timeout, by kind: header, body, idle, drain.");
     counter(AUTH_FAILURES_TOTAL, "Requests refused for a missing or wrong key, by scope: client, admin.");

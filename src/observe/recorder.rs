@@ -156,6 +156,11 @@ impl Observer {
         self.front_count(SHED_TOTAL, "reason", reason);
     }
 
+    /// An endpoint-picker decision (`picked`, `unavailable`, `shed`, `rejected`).
+    pub fn picker_decision(&self, outcome: &'static str) {
+        self.front_count(PICKER_DECISIONS_TOTAL, "outcome", outcome);
+    }
+
     /// A client connection cut by a timeout (`header`, `body`, `idle`, `drain`).
     pub fn client_timeout(&self, kind: &'static str) {
         self.front_count(CLIENT_TIMEOUTS_TOTAL, "kind", kind);

@@ -63,10 +63,15 @@ impl Ctx {
         let (parts, _) = req.into_parts();
         let body = parts.extensions.get::<ReceivedBody>().map(|b| b.0.clone()).unwrap_or_default();
         let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+        Ctx::from_parts(parts.method, path, parts.headers, body)
+    }
+
+    /// The context of a request received another way (the endpoint picker's, from Envoy).
+    pub fn from_parts(method: Method, path: String, headers: HeaderMap, body: Bytes) -> Ctx {
         Ctx {
-            method: parts.method,
+            method,
             path,
-            headers: parts.headers,
+            headers,
             body,
             spliced: None,
             pool: None,

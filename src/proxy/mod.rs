@@ -35,6 +35,9 @@ use mmrouter_core::routing::Role;
 
 pub use context::Ctx;
 pub use debug::{debug_route, trace_json};
+// For the endpoint picker, which sends nothing itself: the splice, the load held at dispatch, the end.
+pub(crate) use forward::{body_for, dispatch, report};
+pub(crate) use relay::ended;
 pub use responses::{by_id as response_by_id, create as responses};
 
 use crate::error::ApiError;
@@ -63,6 +66,14 @@ async fn understand(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Re
     pick_pool(st, ctx, request.str_field("model"))?;
     plan::plan(st, ctx, request).await?;
     lora::ensure_adapter(st, ctx).await
+}
+
+/// parse → pick pool → plan → select, for a front door that forwards elsewhere (the endpoint picker):
+/// the ranking is left in `ctx.decision`. A pool with roles ranks its workers that serve whole requests.
+pub(crate) async fn decide(st: &Arc<AppState>, ctx: &mut Ctx, endpoint: Endpoint) -> Result<(), ApiError> {
+    understand(st, ctx, endpoint).await?;
+    let role = ctx.pool().router.shape().map_or(Role::Both, |s| s.whole);
+    forward::select(ctx, role)
 }
 
 /// select → forward, through the pool's legs when it has roles.
@@ -96,6 +107,14 @@ pub async fn passthrough(State(st): State<Arc<AppState>>, req: Request) -> Respo
     }
 }
 
+/// Observes a request the router answered itself with `err` (see [`finish_error`]).
+pub(crate) fn observe_error(st: &AppState, ctx: &Ctx, err: &ApiError) {
+    let status = err.status.as_u16();
+    let ending =
+        if ctx.plan.is_some() { Ending::Answered { status } } else { Ending::Rejected { status, code: err.code } };
+    ctx.observe(&st.observe, ending, None);
+}
+
 /// The `model` of a body, when it is a JSON object naming one.
 #[derive(serde::Deserialize)]
 struct ModelField {
@@ -113,10 +132,7 @@ fn pick_pool(st: &AppState, ctx: &mut Ctx, model: Option<&str>) -> Result<(), Ap
 /// An error answered by the router itself: counted under the plan's route once planned, else as a
 /// rejection (bad body, unknown model, prompt refused…).
 fn finish_error(st: &AppState, ctx: Ctx, err: ApiError) -> Response {
-    let status = err.status.as_u16();
-    let ending =
-        if ctx.plan.is_some() { Ending::Answered { status } } else { Ending::Rejected { status, code: err.code } };
-    ctx.observe(&st.observe, ending, None);
+    observe_error(st, &ctx, &err);
     let route = ctx.plan.as_ref().map(|p| p.route.label());
     let mut resp = err.into_response();
     if let Some(route) = route {

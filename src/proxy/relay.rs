@@ -68,7 +68,7 @@ pub fn relay(st: &Arc<AppState>, ctx: Ctx, answer: Answer) -> Response {
 
 /// The response is over: a cut body counts against the worker (not a total timeout: that is our
 /// limit), then the request is observed.
-fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: EndReport) {
+pub(crate) fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: EndReport) {
     let predicted = ctx.plan().predicted_prompt_tokens();
     let drift = match (end.outcome, end.usage_prompt_tokens, predicted) {
         (Outcome::Complete, Some(actual), Some(pred)) => Some(actual as f64 - f64::from(pred)),

@@ -25,3 +25,4 @@ pub use headers::end_to_end;
 pub use pieces::Pieces;
 pub use relay::{EndReport, Outcome, Relay, RelayBody, RelayLimits};
 pub use retry::{RetryBudget, RetryReason};
+pub use usage::UsageWatch;

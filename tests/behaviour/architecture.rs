@@ -465,6 +465,7 @@ const ROOMS: &[(&str, &[&str])] = &[
     ("proxy", &["state", "pools", "upstream", "front", "observe", "config", "error"]),
     ("ops", &["state", "pools", "front", "observe", "config", "error"]),
     ("cluster", &["state", "pools", "observe", "config", "error"]),
+    ("picker", &["state", "proxy", "upstream", "observe", "config", "error"]),
 ];
 
 #[test]
@@ -485,8 +486,12 @@ fn each_room_of_the_server_imports_only_what_it_may_know() {
         }
     }
     for (path, file) in &krate.files {
-        if room(path) == "pools" && file.text.contains("axum::") {
-            wrong.push(format!("{}: the pools room uses axum", rel(path)));
+        if matches!(room(path).as_str(), "pools" | "picker") && file.text.contains("axum::") {
+            wrong.push(format!("{}: the {} room uses axum", rel(path), room(path)));
+        }
+        // The picker sends nothing itself: the proxy's relay (and the upstream `Relay`) are not its.
+        if room(path) == "picker" && (file.text.contains("relay::") || file.text.contains("Relay")) {
+            wrong.push(format!("{}: the picker room uses the proxy's relay", rel(path)));
         }
     }
     assert!(krate.files.len() > 30, "{}: {} files", rel(&lib), krate.files.len());

@@ -28,6 +28,7 @@ mod lora;
 mod metrics_format;
 mod openai_sdk;
 mod packaging;
+mod picker;
 mod pools;
 mod proxy;
 mod readme;

