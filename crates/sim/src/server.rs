@@ -105,7 +105,7 @@ pub(crate) struct AppState {
     /// Adapters loaded at run time (`lora.rs`).
     pub(crate) lora: crate::lora::Loaded,
     /// Stored Responses-API answers (`--responses-store`, `responses/store.rs`).
-    pub(crate) responses: crate::responses::Store,
+    pub(crate) responses: crate::responses::store::Store,
 }
 
 impl AppState {
@@ -135,7 +135,7 @@ impl AppState {
             stop: watch::Sender::new(false),
             cut: watch::Sender::new(false),
             lora: Default::default(),
-            responses: crate::responses::Store::new(opts.responses_store),
+            responses: crate::responses::store::Store::new(opts.responses_store),
             opts,
         }
     }
@@ -495,7 +495,9 @@ struct Job {
 #[derive(Clone)]
 struct RawBody(Bytes);
 
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+/// The sim's routes, `more` (the Responses API and the tokenizer's, composed by `handle.rs` so that
+/// this file names none of the modules that import it) among them.
+pub(crate) fn router(state: Arc<AppState>, more: Router<Arc<AppState>>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
@@ -507,8 +509,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/sim/restart", post(restart))
         .route("/sim/role", get(role))
         .merge(crate::lora::routes())
-        .merge(crate::responses::routes())
-        .merge(crate::tokenize::routes())
+        .merge(more)
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
         .with_state(state)

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
-use super::{message_item, new_id, output_text, Job};
+use super::job::{message_item, new_id, output_text, Job};
 use crate::error::SimError;
 use crate::server::{AppState, Turn};
 
