@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use mmrouter_core::pipeline::Pipeline;
 
-use crate::config::{RetryConfig, Settings};
+use crate::config::{RetryConfig, Settings, TracingConfig};
 use crate::front::Draining;
-use crate::observe::Observer;
+use crate::observe::{Observer, TraceExport};
 use crate::pools::{Pool, Pools, ResponseStore};
 use crate::upstream::{RetryBudget, Upstream};
 
@@ -39,6 +39,9 @@ impl AppState {
     /// State around an already-built pipeline for the first pool (tests inject counters through it).
     pub fn with_pipeline(cfg: &Settings, first: Pipeline) -> anyhow::Result<Arc<AppState>> {
         let observe = Arc::new(Observer::new());
+        if let Some(export) = trace_export(&cfg.tracing)? {
+            observe.start_tracing(export)?;
+        }
         Ok(Arc::new(AppState {
             pools: Pools::new(cfg, first, observe.clone())?,
             upstream: Upstream::new(&cfg.server)?,
@@ -56,4 +59,17 @@ impl AppState {
     pub fn pools(&self) -> Arc<Vec<Arc<Pool>>> {
         self.pools.list()
     }
+}
+
+/// The exporter's settings, when `[tracing]` names a collector (header values kept sensitive).
+fn trace_export(cfg: &TracingConfig) -> anyhow::Result<Option<TraceExport>> {
+    let Some(url) = cfg.traces_url() else { return Ok(None) };
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in &cfg.headers {
+        let mut v = axum::http::HeaderValue::from_str(value)?;
+        v.set_sensitive(true);
+        headers.insert(axum::http::HeaderName::from_bytes(name.as_bytes())?, v);
+    }
+    let (service_name, sample_ratio, max_queue) = (cfg.service_name.clone(), cfg.sample_ratio, cfg.max_queue);
+    Ok(Some(TraceExport { url, headers, service_name, sample_ratio, max_queue, timeout: cfg.timeout() }))
 }

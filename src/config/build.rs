@@ -18,6 +18,7 @@ use super::dns::dns_entry;
 use super::file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
+use super::tracing::TracingConfig;
 use super::retries::RetryConfig;
 use super::roles::{check_roles, Member};
 use super::settings::{
@@ -51,6 +52,7 @@ impl Settings {
             cluster: None,
             responses: ResponsesConfig::default(),
             discovery: DiscoverySettings::default(),
+            tracing: TracingConfig::default(),
         }
     }
 
@@ -83,6 +85,7 @@ impl Settings {
         file.kv_events.validate()?;
         file.responses.validate()?;
         let mut discovery = file.discovery.settings()?;
+        file.tracing.validate()?;
         let pools = if file.pools.is_empty() {
             let model = model_spec(&file.model)?;
             let workers = worker_specs(&file.workers)?;
@@ -105,8 +108,8 @@ impl Settings {
             pools
         };
         let cluster = file.cluster.as_ref().map(|c| c.settings()).transpose()?;
-        let (retries, kv_events, responses) = (file.retries, file.kv_events, file.responses);
-        Ok(Settings { server, pools, auth, retries, kv_events, cluster, responses, discovery })
+        let (retries, kv_events, responses, tracing) = (file.retries, file.kv_events, file.responses, file.tracing);
+        Ok(Settings { server, pools, auth, retries, kv_events, cluster, responses, discovery, tracing })
     }
 }
 

@@ -12,6 +12,7 @@ use super::discovery::DiscoverySection;
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
+use super::tracing::TracingConfig;
 
 /// The file as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -45,6 +46,9 @@ pub struct ConfigFile {
     /// How `[[workers]]` entries with `dns` / `dns_srv` are resolved (docs/dns.md).
     #[serde(default)]
     pub discovery: DiscoverySection,
+    /// OpenTelemetry traces over OTLP (off unless `otlp_endpoint` is set).
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// One `[[pools]]` entry.

@@ -23,6 +23,7 @@ mod responses;
 mod retries;
 mod roles;
 mod settings;
+mod tracing;
 
 pub use build::{check_worker_name, check_worker_url, worker_settings, MAX_WORKER_NAME_BYTES};
 pub use cluster::{ClusterSection, ClusterSettings, PeerQuotas};
@@ -32,6 +33,7 @@ pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};
 pub use responses::ResponsesConfig;
+pub use tracing::TracingConfig;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use roles::{check_roles, engine_label, Member, RolesError};
 pub use settings::{

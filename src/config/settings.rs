@@ -12,6 +12,7 @@ use super::file::{LoadLoraAdapter, ServerSection};
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
 use super::retries::RetryConfig;
+use super::tracing::TracingConfig;
 
 /// Where a worker's KV events come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +43,7 @@ pub struct Settings {
     pub responses: ResponsesConfig,
     /// `[discovery]` and the pools' DNS worker entries.
     pub discovery: DiscoverySettings,
+    pub tracing: TracingConfig,
 }
 
 /// One pool, validated: a model (with the media settings), its served names, its workers, its routing.

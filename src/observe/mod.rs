@@ -12,6 +12,9 @@
 //! own recorder ([`series`]), not the proxy's: dropping a recorder forgets all of its series, so removed
 //! workers leave nothing in `/metrics`.
 //!
+//! * A request's trace ([`trace`]) is built from the same record at the same point, and exported over
+//!   OTLP by one task of its own when `[tracing]` names a collector.
+//!
 //! Architecture invariant: this room imports nothing of the crate; it records and renders what it is
 //! handed.
 
@@ -22,8 +25,10 @@ mod record;
 mod recorder;
 mod scrape;
 mod series;
+mod trace;
 
 pub use names::*;
 pub use record::{Attempt, AttemptStatus, Ending, Leg, LegKind, LegOutcome, RequestRecord};
 pub use recorder::Observer;
 pub use scrape::{FeedSample, PoolSample};
+pub use trace::{RequestTrace, TraceExport, TraceParent, Tracer, TRACEPARENT, TRACESTATE};

@@ -83,6 +83,11 @@ pub const RESPONSES_LEARNT_TOTAL: &str = "mmrouter_responses_learnt_total";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "mmrouter_upstream_retries_total";
 /// Counter: a retry refused because the retry budget was used up (the failure went to the client).
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "mmrouter_retry_budget_exhausted_total";
+/// Counter: spans the OTLP exporter delivered (the collector answered 2xx) (docs/tracing.md).
+pub const TRACE_SPANS_EXPORTED_TOTAL: &str = "mmrouter_trace_spans_exported_total";
+/// Counter `{reason}`: spans not delivered: `queue_full` (dropped at the observation point, never
+/// waited for), `export_failed` (the collector refused the batch, or it failed or timed out).
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = "mmrouter_trace_spans_dropped_total";
 /// Counter `{worker}`: passive ejections (failures in a row, failure rate, refused connections).
 pub const WORKER_EJECTIONS_TOTAL: &str = "mmrouter_worker_ejections_total";
 /// Gauge `{worker, state}`: 1 for the worker's current state (`healthy`, `ejected`, `half_open`,
@@ -299,6 +304,8 @@ fn describe(r: &PrometheusRecorder) {
     counter(RESPONSES_LEARNT_TOTAL, "Stored response ids learnt, by source: worker, peer.");
     counter(UPSTREAM_RETRIES_TOTAL, "Upstream attempts tried again on the next candidate, by reason.");
     counter(RETRY_BUDGET_EXHAUSTED_TOTAL, "Retries refused because the retry budget was used up.");
+    counter(TRACE_SPANS_EXPORTED_TOTAL, "Trace spans delivered to the OTLP collector.");
+    counter(TRACE_SPANS_DROPPED_TOTAL, "Trace spans not delivered, by reason: queue_full, export_failed.");
     counter(WORKER_EJECTIONS_TOTAL, "Passive ejections of a worker after failures.");
     gauge(WORKER_STATE, "1 for the worker's current state: healthy, ejected, half_open or down.");
     counter(STREAM_ERRORS_TOTAL, "Response bodies cut after the status was sent, by route and reason.");

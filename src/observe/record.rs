@@ -107,7 +107,7 @@ impl LegOutcome {
         }
     }
 
-    fn reason(self) -> Option<&'static str> {
+    pub(super) fn reason(self) -> Option<&'static str> {
         match self {
             LegOutcome::Served => None,
             LegOutcome::Failed(r) | LegOutcome::Skipped(r) => Some(r),

@@ -13,6 +13,7 @@ use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use super::cache::Cache;
 use super::names::*;
 use super::series::WorkerSeries;
+use super::trace::{TraceExport, Tracer};
 
 /// One proxy's metrics: its recorder, and the handles the request path records into.
 pub struct Observer {
@@ -44,6 +45,8 @@ pub struct Observer {
     cluster_counters: Cache<(&'static str, &'static str), Counter>,
     cluster_gauges: Cache<(&'static str, &'static str), Gauge>,
     booking_delay: OnceLock<Histogram>,
+    /// The OTLP exporter, when `[tracing]` names a collector.
+    tracer: OnceLock<Arc<Tracer>>,
     connections_open: Gauge,
     inflight_requests: Gauge,
     pub(super) image_tokens: Histogram,
@@ -74,6 +77,7 @@ impl Observer {
             cluster_counters: Cache::new(),
             cluster_gauges: Cache::new(),
             booking_delay: OnceLock::new(),
+            tracer: OnceLock::new(),
             budget_exhausted: recorder.register_counter(&plain(RETRY_BUDGET_EXHAUSTED_TOTAL), &METADATA),
             recorder,
             requests: Cache::new(),
@@ -94,6 +98,18 @@ impl Observer {
             index_by_source: Cache::new(),
             workers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Starts exporting traces (once; on the current runtime).
+    pub fn start_tracing(&self, cfg: TraceExport) -> anyhow::Result<()> {
+        let tracer = Tracer::start(cfg, self)?;
+        let _ = self.tracer.set(tracer);
+        Ok(())
+    }
+
+    /// The exporter, when traces are exported.
+    pub fn tracer(&self) -> Option<&Tracer> {
+        self.tracer.get().map(|t| &**t)
     }
 
     pub(super) fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {

@@ -13,7 +13,7 @@ use mmrouter_core::pipeline::{Planned, RoutePlan, StageTimings};
 use mmrouter_core::routing::{Decision, ImageUse, Worker};
 
 use crate::front::ReceivedBody;
-use crate::observe::{Attempt, Ending, Leg, Observer, RequestRecord};
+use crate::observe::{Attempt, Ending, Leg, Observer, RequestRecord, RequestTrace};
 use crate::pools::Pool;
 use crate::upstream::Pieces;
 
@@ -55,6 +55,9 @@ pub struct Ctx {
     pub pinned: Option<&'static str>,
     /// The response id learnt from the worker's answer.
     pub learnt: bool,
+    /// The client's trace context (taken out of `headers`) and our spans' ids: each upstream send
+    /// sets its own `traceparent` ([`Ctx::trace_send`]).
+    pub trace: RequestTrace,
 }
 
 impl Ctx {
@@ -67,7 +70,8 @@ impl Ctx {
     }
 
     /// The context of a request received another way (the endpoint picker's, from Envoy).
-    pub fn from_parts(method: Method, path: String, headers: HeaderMap, body: Bytes) -> Ctx {
+    pub fn from_parts(method: Method, path: String, mut headers: HeaderMap, body: Bytes) -> Ctx {
+        let trace = RequestTrace::take(method.as_str(), &path, &mut headers);
         Ctx {
             method,
             path,
@@ -91,6 +95,7 @@ impl Ctx {
             learn_response_id: false,
             pinned: None,
             learnt: false,
+            trace,
         }
     }
 
@@ -99,6 +104,14 @@ impl Ctx {
         self.plan = Some(planned.plan);
         self.timings = Some(planned.timings);
         self.probes = planned.probes;
+        self.trace.planned_at = Some(std::time::Instant::now());
+    }
+
+    /// An upstream send is about to leave: its `traceparent` (and the client's `tracestate`) replace
+    /// the previous send's in the headers it is sent with. `leg` names a send that is not an attempt.
+    pub fn trace_send(&mut self, observe: &Observer, leg: Option<&'static str>) {
+        let [parent, state] = self.trace.send(observe.tracer(), leg);
+        crate::upstream::set_trace_context(&mut self.headers, parent, state);
     }
 
     /// The pool picked (every phase after `pick_pool` has one).
@@ -116,7 +129,7 @@ impl Ctx {
         if let Some(adapter) = &self.adapter {
             observe.adapter_request(adapter);
         }
-        observe.record(&RequestRecord {
+        let record = RequestRecord {
             pool: self.pool.as_ref().map(|p| p.name.as_str()),
             plan: self.plan.as_ref(),
             timings: self.timings.as_ref(),
@@ -131,6 +144,10 @@ impl Ctx {
             response_learnt: self.learnt,
             drift,
             ending,
-        });
+        };
+        observe.record(&record);
+        if let Some(tracer) = observe.tracer() {
+            tracer.export(&self.trace, &record);
+        }
     }
 }

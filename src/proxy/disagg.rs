@@ -242,6 +242,7 @@ async fn sglang(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<Answer, ApiError> {
     let req = forward::select_request(ctx.plan());
     let decode = router.select_model(&req, Role::Decode, ctx.adapter.as_deref()).ok_or_else(ApiError::no_worker)?;
     let guard = forward::dispatch(ctx, p, true);
+    ctx.trace_send(&st.observe, Some("prefill"));
     let (method, path, headers) = (ctx.method.clone(), ctx.path.clone(), ctx.headers.clone());
     let (state, worker, body) = (st.clone(), prefill.clone(), Pieces::from(leg.clone()));
     let total = st.upstream.total_timeout();
@@ -305,6 +306,7 @@ impl LegFailure {
 /// (bounded), noted in the context as an attempt.
 async fn leg_send(st: &AppState, ctx: &mut Ctx, w: usize, body: Bytes) -> Result<Bytes, LegFailure> {
     let worker = ctx.pool().router.worker(w);
+    ctx.trace_send(&st.observe, None);
     let out = Outgoing { method: &ctx.method, path_and_query: &ctx.path, headers: &ctx.headers };
     let sent_at = Instant::now();
     let sent = st.upstream.send(worker.url(), &out, Pieces::from(body)).await;

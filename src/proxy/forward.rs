@@ -127,6 +127,7 @@ async fn attempt(st: &AppState, ctx: &mut Ctx, w: usize, first: bool, probe: boo
         None => body_for(ctx, worker.engine()),
     };
     let guard = dispatch(ctx, w, first);
+    ctx.trace_send(&st.observe, None);
     let out = Outgoing { method: &ctx.method, path_and_query: &ctx.path, headers: &ctx.headers };
     let sent_at = Instant::now();
     let sent = st.upstream.send(worker.url(), &out, body).await;

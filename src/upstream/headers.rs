@@ -48,6 +48,17 @@ pub fn outgoing(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// Sets the W3C trace context a worker receives (`traceparent`, `tracestate`), replacing any before;
+/// `None` removes it.
+pub fn set_trace_context(headers: &mut HeaderMap, parent: Option<HeaderValue>, state: Option<HeaderValue>) {
+    for (name, value) in [("traceparent", parent), ("tracestate", state)] {
+        match value {
+            Some(v) => headers.insert(name, v),
+            None => headers.remove(name),
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

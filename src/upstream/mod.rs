@@ -21,7 +21,7 @@ mod usage;
 
 pub use client::{Outgoing, Upstream, UpstreamResponse};
 pub use error::{error_chain, UpstreamError};
-pub use headers::end_to_end;
+pub use headers::{end_to_end, set_trace_context};
 pub use pieces::Pieces;
 pub use relay::{EndReport, Outcome, Relay, RelayBody, RelayLimits};
 pub use retry::{RetryBudget, RetryReason};

@@ -36,4 +36,5 @@ mod responses;
 mod reload;
 mod serve_flags;
 mod surface;
+mod tracing;
 mod video;

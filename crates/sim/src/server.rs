@@ -51,6 +51,8 @@ use crate::timing::{decode_delay, ttft_alone, ttft_pulled, ttft_queued, Dice, Im
 const BODY_SHA256: HeaderName = HeaderName::from_static("x-sim-body-sha256");
 const WORKER: HeaderName = HeaderName::from_static("x-sim-worker");
 const BODY_FRAMING: HeaderName = HeaderName::from_static("x-sim-body-framing");
+/// The W3C `traceparent` the request arrived with, echoed (tests check what a proxy propagated).
+const TRACEPARENT_SEEN: HeaderName = HeaderName::from_static("x-sim-traceparent");
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -520,6 +522,7 @@ pub(crate) fn router(state: Arc<AppState>, more: Router<Arc<AppState>>) -> Route
 async fn hash_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
     let framing = if parts.headers.contains_key(axum::http::header::CONTENT_LENGTH) { "length" } else { "chunked" };
+    let traceparent = parts.headers.get("traceparent").cloned();
     let (digest, read) = read_body(body, state.opts.max_body_bytes).await;
     let mut response = match read {
         Ok(bytes) => {
@@ -536,6 +539,9 @@ async fn hash_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
         headers.insert(WORKER, v);
     }
     headers.insert(BODY_FRAMING, HeaderValue::from_static(framing));
+    if let Some(v) = traceparent {
+        headers.insert(TRACEPARENT_SEEN, v);
+    }
     response
 }
 
