@@ -91,7 +91,7 @@ fn digest(endpoint: Endpoint, body: &[u8], request: &Request<'_>) -> Option<u128
 }
 
 /// State shared by the nested seeds while one body is parsed.
-pub(super) struct Ctx<'a> {
+struct Ctx<'a> {
     base: usize,
     images: Vec<ImagePart<'a>>,
     media_issue: Option<PartError>,
@@ -134,7 +134,7 @@ impl<'a> Visitor<'a> for TopSeed {
         let string_urls = self.endpoint == Endpoint::Responses;
         let mut ctx = Ctx { base: self.base, images: Vec::new(), media_issue: None, uuid_only_parts: 0, string_urls };
         if string_urls {
-            let (fields, messages) = responses::visit_top(&mut map, &mut ctx)?;
+            let (fields, messages) = responses_top(&mut map, &mut ctx)?;
             return Ok(request(self.endpoint, fields, messages, ctx));
         }
         let mut fields = Map::new();
@@ -168,6 +168,79 @@ fn request<'a>(
         media_issue: ctx.media_issue,
         uuid_only_parts: ctx.uuid_only_parts,
         digest: None,
+    }
+}
+
+/// The top-level map of a Responses body: the fields the pipeline reads, and the chat messages.
+#[allow(clippy::type_complexity)]
+fn responses_top<'a, M: MapAccess<'a>>(
+    map: &mut M,
+    ctx: &mut Ctx<'a>,
+) -> Result<(Map<String, Value>, Result<Vec<Message>, String>), M::Error> {
+    let mut fields = Map::new();
+    let mut got = responses::Converted::default();
+    while let Some(key) = map.next_key::<Cow<'a, str>>()? {
+        match key.as_ref() {
+            "input" => got.input = Some(map.next_value_seed(InputSeed(&mut *ctx))?),
+            "instructions" => got.instructions = map.next_value()?,
+            "tools" => got.tools = map.next_value()?,
+            "reasoning" => got.reasoning = map.next_value()?,
+            k if responses::FIELDS.contains(&k) => {
+                fields.insert(key.into_owned(), map.next_value()?);
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    let messages = responses::convert(&mut fields, got);
+    Ok((fields, messages))
+}
+
+/// `input`: a string, or items parsed by the chat path's message seed (their content parts, images
+/// with their spans, included).
+struct InputSeed<'c, 'a>(&'c mut Ctx<'a>);
+
+impl<'a> DeserializeSeed<'a> for InputSeed<'_, 'a> {
+    type Value = responses::Input;
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<responses::Input, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> Visitor<'a> for InputSeed<'_, 'a> {
+    type Value = responses::Input;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string or an array of input items")
+    }
+    fn visit_str<E>(self, s: &str) -> Result<responses::Input, E> {
+        Ok(responses::Input::Text(s.to_owned()))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<responses::Input, E> {
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<responses::Input, E> {
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<responses::Input, E> {
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<responses::Input, E> {
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_unit<E>(self) -> Result<responses::Input, E> {
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<responses::Input, M::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(responses::Input::Invalid)
+    }
+    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<responses::Input, S::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(MessageSeed { index: items.len(), ctx: &mut *self.0 })? {
+            items.push(item);
+        }
+        Ok(responses::Input::Items(items))
     }
 }
 
@@ -243,9 +316,9 @@ impl<'a> Visitor<'a> for MessagesSeed<'_, 'a> {
     }
 }
 
-pub(super) struct MessageSeed<'c, 'a> {
-    pub(super) index: usize,
-    pub(super) ctx: &'c mut Ctx<'a>,
+struct MessageSeed<'c, 'a> {
+    index: usize,
+    ctx: &'c mut Ctx<'a>,
 }
 
 impl<'a> DeserializeSeed<'a> for MessageSeed<'_, 'a> {

@@ -10,25 +10,20 @@
 //! ones flattened to `<namespace>__<name>`) become chat tools; `reasoning.effort` the chat's
 //! `reasoning_effort`; a final partial assistant item continues that message.
 //!
-//! The items are parsed in the body's one serde pass by the chat path's message seed; what vLLM then
-//! does with each item happens here on the parsed items, never on the body again. What vLLM refuses,
+//! The items are parsed in the body's one serde pass by the chat path's message seed (`de.rs`); what
+//! vLLM then does with each item happens here on the parsed items, never on the body again. What vLLM refuses,
 //! and what the router does not reproduce (custom tools, tool outputs made of parts, a continued
 //! stored conversation), leaves `messages` an `Err` with the reason: the request then routes by load
 //! and the worker answers — vLLM's own 400 where it refuses. A `previous_response_id` is one such:
 //! the prompt is then the worker's stored conversation plus this input, which the router never saw.
 
-use std::borrow::Cow;
-use std::fmt;
-
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{json, Map, Value};
 
-use super::de::{Ctx, MessageSeed};
 use super::{Entry, Message, Part};
 
 /// Top-level keys of a Responses body kept for the pipeline and the template; `input`,
 /// `instructions`, `tools` and `reasoning` are converted, everything else is skipped.
-const FIELDS: &[&str] = &[
+pub(super) const FIELDS: &[&str] = &[
     "model",
     "max_output_tokens",
     "cache_salt",
@@ -51,15 +46,15 @@ const INPUT_PARTS: &[&str] = &["input_text", "input_image", "input_file"];
 
 /// What the parse kept of the top-level keys that are converted.
 #[derive(Default)]
-struct Converted {
-    input: Option<Input>,
-    instructions: Value,
-    tools: Value,
-    reasoning: Value,
+pub(super) struct Converted {
+    pub(super) input: Option<Input>,
+    pub(super) instructions: Value,
+    pub(super) tools: Value,
+    pub(super) reasoning: Value,
 }
 
 /// What `input` held.
-enum Input {
+pub(super) enum Input {
     Text(String),
     /// Each item parsed as a message (`None`: not an object).
     Items(Vec<Option<Message>>),
@@ -67,35 +62,9 @@ enum Input {
     Invalid,
 }
 
-/// The top-level map of a Responses body: the fields the pipeline reads, and the chat messages.
-#[allow(clippy::type_complexity)]
-pub(super) fn visit_top<'a, M: MapAccess<'a>>(
-    map: &mut M,
-    ctx: &mut Ctx<'a>,
-) -> Result<(Map<String, Value>, Result<Vec<Message>, String>), M::Error> {
-    let mut fields = Map::new();
-    let mut got = Converted::default();
-    while let Some(key) = map.next_key::<Cow<'a, str>>()? {
-        match key.as_ref() {
-            "input" => got.input = Some(map.next_value_seed(InputSeed(&mut *ctx))?),
-            "instructions" => got.instructions = map.next_value()?,
-            "tools" => got.tools = map.next_value()?,
-            "reasoning" => got.reasoning = map.next_value()?,
-            k if FIELDS.contains(&k) => {
-                fields.insert(key.into_owned(), map.next_value()?);
-            }
-            _ => {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-    }
-    let messages = convert(&mut fields, got);
-    Ok((fields, messages))
-}
-
 /// The chat vLLM renders: messages, and in `fields` the chat's `tools`, `reasoning_effort` and
 /// generation flags.
-fn convert(fields: &mut Map<String, Value>, got: Converted) -> Result<Vec<Message>, String> {
+pub(super) fn convert(fields: &mut Map<String, Value>, got: Converted) -> Result<Vec<Message>, String> {
     refused(fields)?;
     check_tool_choice(fields.get("tool_choice").unwrap_or(&Value::Null), &got.tools)?;
     if let Some(tools) = chat_tools(&got.tools)? {
@@ -502,55 +471,10 @@ fn check_role_message(i: usize, item: &Message) -> Result<(), String> {
     Ok(())
 }
 
-/// `input`: a string, or items parsed by the chat path's message seed (their content parts, images
-/// with their spans, included).
-struct InputSeed<'c, 'a>(&'c mut Ctx<'a>);
-
-impl<'a> DeserializeSeed<'a> for InputSeed<'_, 'a> {
-    type Value = Input;
-    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Input, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for InputSeed<'_, 'a> {
-    type Value = Input;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string or an array of input items")
-    }
-    fn visit_str<E>(self, s: &str) -> Result<Input, E> {
-        Ok(Input::Text(s.to_owned()))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Input, E> {
-        Ok(Input::Invalid)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Input, E> {
-        Ok(Input::Invalid)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Input, E> {
-        Ok(Input::Invalid)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Input, E> {
-        Ok(Input::Invalid)
-    }
-    fn visit_unit<E>(self) -> Result<Input, E> {
-        Ok(Input::Invalid)
-    }
-    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Input, M::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Input::Invalid)
-    }
-    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Input, S::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(MessageSeed { index: items.len(), ctx: &mut *self.0 })? {
-            items.push(item);
-        }
-        Ok(Input::Items(items))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
+
     use serde_json::json;
 
     use super::super::{Endpoint, ParseError, Request};
