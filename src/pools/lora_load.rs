@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mmrouter_core::routing::Worker;
+use mmrouter_core::routing::{Router, Worker};
 
 use crate::config::LoadLoraAdapter;
 use crate::observe::Observer;
@@ -51,6 +51,12 @@ impl LoadError {
             LoadError::NoWorker => "no_worker",
         }
     }
+}
+
+/// Who asks for a load: the `Authorization` the proxy sends workers, and where loads are counted.
+pub struct Requester<'a> {
+    pub authorization: Option<&'a str>,
+    pub observe: &'a Observer,
 }
 
 /// A failed load is answered again, not retried, for this long: the requests that waited for it (a
@@ -94,16 +100,15 @@ impl AdapterLoader {
         names
     }
 
-    /// Loads `name` on a worker unless one serves it by the time this load's turn comes: `pick` is
-    /// asked then for the worker to load it on (`None`: no worker). `authorization` is the header
-    /// the proxy sends workers. Ok once a worker serves it.
+    /// Loads `name` on a worker unless one in `router`'s rotation serves it by the time this load's
+    /// turn comes: `pick` is asked then for the worker to load it on (`None`: no worker). Ok once a
+    /// worker serves it.
     pub async fn ensure(
         &self,
+        router: &Router,
         name: &str,
-        served: impl Fn() -> bool,
         pick: impl Fn() -> Option<Arc<Worker>>,
-        authorization: Option<&str>,
-        observe: &Observer,
+        by: Requester<'_>,
     ) -> Result<(), LoadError> {
         if !self.loadable(name) {
             return Err(LoadError::NoWorker);
@@ -111,15 +116,15 @@ impl AdapterLoader {
         // Bounded by the configured names: only those get a lock.
         let flight = self.flights.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_owned()).or_default().clone();
         let mut last = flight.lock().await;
-        if served() {
+        if router.serves_adapter(name) {
             return Ok(());
         }
         if let Some(f) = last.as_ref().filter(|f| f.at.elapsed() < FAILURE_HOLD) {
             return Err(f.error.clone());
         }
         let worker = pick().ok_or(LoadError::NoWorker)?;
-        let outcome = self.load(&worker, name, authorization).await;
-        observe.adapter_load(worker.name(), outcome.as_ref().map_or_else(|e| e.label(), |&o| o));
+        let outcome = self.load(&worker, name, by.authorization).await;
+        by.observe.adapter_load(worker.name(), outcome.as_ref().map_or_else(|e| e.label(), |&o| o));
         match outcome {
             Ok(_) => {
                 worker.add_served_adapter(name);

@@ -28,7 +28,7 @@ pub use dns::spawn_dns;
 pub use feeds::EventExport;
 pub use health::spawn_checks;
 pub use list::Pools;
-pub use lora_load::LoadError;
+pub use lora_load::{LoadError, Requester};
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
 pub use responses::{valid_id as valid_response_id, ResponseStore};

@@ -12,7 +12,7 @@ use mmrouter_core::routing::{Engine, Role, Worker};
 use super::context::Ctx;
 use super::forward::select_request;
 use crate::error::ApiError;
-use crate::pools::LoadError;
+use crate::pools::{LoadError, Requester};
 use crate::state::AppState;
 
 /// Loads the request's adapter on a worker when the pool may and no worker lists it.
@@ -31,9 +31,9 @@ pub async fn ensure_adapter(st: &AppState, ctx: &Ctx) -> Result<(), ApiError> {
         let mut ranked = decision.candidates.iter().map(|&i| router.worker(i));
         ranked.find(|w: &std::sync::Arc<Worker>| w.engine() == Engine::Vllm)
     };
-    let auth = ctx.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let served = || router.serves_adapter(adapter);
-    pool.loader.ensure(adapter, served, pick, auth, &st.observe).await.map_err(|e| load_failed(adapter, &e))
+    let authorization = ctx.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let by = Requester { authorization, observe: &st.observe };
+    pool.loader.ensure(router, adapter, pick, by).await.map_err(|e| load_failed(adapter, &e))
 }
 
 /// The client's answer to a failed load.
