@@ -1,6 +1,8 @@
 //! The one serde pass behind [`Request::parse`]: nested seeds over the borrowed body (top level →
 //! messages → message → content → part) that keep data URLs borrowed, record each image part's byte
-//! spans, note media the router cannot count, and never stop on an unexpected shape.
+//! spans, note media the router cannot count, and never stop on an unexpected shape. A Responses body
+//! goes top level → `input` → items, each item through the message seed, and `responses.rs` then
+//! turns what was parsed into the chat vLLM renders.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -12,6 +12,9 @@
 //! parses; the problem is kept as a value and the pipeline routes it by load, leaving the answer to the
 //! worker, as a transparent proxy should.
 //!
+//! A Responses API body (`Endpoint::Responses`) is read in the same pass and converted to the chat
+//! vLLM renders for it (`responses.rs`): the same view, `messages` included, as a chat's.
+//!
 //! This file is the API: the request and its parts, and how later stages read them. The serde machinery
 //! that builds them in that one pass — [`Request::parse`] and its visitors — is in `de.rs`, which uses
 //! these types; nothing here uses it.
@@ -171,7 +174,9 @@ impl<'a> Request<'a> {
         self.digest
     }
 
-    /// A top-level field the pipeline reads (see `KNOWN_FIELDS` in `de.rs`), as sent.
+    /// A top-level field the pipeline reads (see `KNOWN_FIELDS` in `de.rs`, `FIELDS` in `responses.rs`),
+    /// as sent; for a Responses body also the chat's `tools`, `reasoning_effort` and generation flags
+    /// converted from it.
     pub fn field(&self, key: &str) -> Option<&Value> {
         self.fields.get(key).filter(|v| !v.is_null())
     }
