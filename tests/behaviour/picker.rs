@@ -248,3 +248,201 @@ async fn envoy_sends_each_request_to_the_worker_the_picker_chose() {
     let r = post(&gateway, chat_body(&[], "Anyone there?", false)).await;
     assert_eq!(r.status(), 500, "fail closed");
 }
+
+mod direct {
+    //! The picker's protocol without Envoy: a gRPC client sends the messages Envoy would.
+
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Message;
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Answer;
+    use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+    use envoy_types::pb::google::protobuf::{value, Struct, Value};
+    use tokio::sync::mpsc;
+
+    use super::free_port;
+    use crate::harness::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Option<HeaderMap> {
+        let one = |(k, v): &(&str, &str)| HeaderValue {
+            key: k.to_string(),
+            raw_value: v.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        Some(HeaderMap { headers: pairs.iter().map(one).collect() })
+    }
+
+    fn request_head(path: &str) -> ProcessingRequest {
+        let h = headers(&[(":method", "POST"), (":path", path), ("content-type", "application/json")]);
+        ProcessingRequest {
+            request: Some(Message::RequestHeaders(HttpHeaders { headers: h, ..Default::default() })),
+            ..Default::default()
+        }
+    }
+
+    fn body(b: &[u8], response: bool, end: bool) -> ProcessingRequest {
+        let body = HttpBody { body: b.to_vec(), end_of_stream: end, ..Default::default() };
+        let m = if response { Message::ResponseBody(body) } else { Message::RequestBody(body) };
+        ProcessingRequest { request: Some(m), ..Default::default() }
+    }
+
+    /// A 200 JSON response head; `served` in `envoy.lb` metadata when given.
+    fn response_head(served: Option<&str>) -> ProcessingRequest {
+        let h = headers(&[(":status", "200"), ("content-type", "application/json")]);
+        let metadata = served.map(|s| {
+            let v = Value { kind: Some(value::Kind::StringValue(s.to_owned())) };
+            let lb = Struct { fields: HashMap::from([("x-gateway-destination-endpoint-served".to_owned(), v)]) };
+            Metadata { filter_metadata: HashMap::from([("envoy.lb".to_owned(), lb)]), ..Default::default() }
+        });
+        let m = Message::ResponseHeaders(HttpHeaders { headers: h, ..Default::default() });
+        ProcessingRequest { request: Some(m), metadata_context: metadata, ..Default::default() }
+    }
+
+    /// One ext_proc stream: messages in, answers out.
+    struct Stream {
+        tx: mpsc::Sender<ProcessingRequest>,
+        answers: tonic::Streaming<ProcessingResponse>,
+    }
+
+    impl Stream {
+        async fn open(addr: &str) -> Stream {
+            let mut client = ExternalProcessorClient::connect(addr.to_owned()).await.unwrap();
+            let (tx, rx) = mpsc::channel(8);
+            let out = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+            let answers = client.process(out).await.unwrap().into_inner();
+            Stream { tx, answers }
+        }
+
+        async fn send(&mut self, m: ProcessingRequest) -> Result<ProcessingResponse, tonic::Status> {
+            self.tx.send(m).await.unwrap();
+            let next = tokio::time::timeout(Duration::from_secs(10), self.answers.message()).await.expect("an answer");
+            next.map(|a| a.expect("the stream is open"))
+        }
+
+        /// Head, then the whole body: the decision.
+        async fn decide(&mut self, path: &str, b: &[u8]) -> ProcessingResponse {
+            let a = self.send(request_head(path)).await.unwrap();
+            assert!(matches!(a.response, Some(Answer::RequestHeaders(_))), "{a:?}");
+            self.send(body(b, false, true)).await.unwrap()
+        }
+    }
+
+    /// A set header of an answer's mutation.
+    fn set_header(a: &ProcessingResponse, name: &str) -> Option<String> {
+        let common = match a.response.as_ref()? {
+            Answer::RequestBody(b) | Answer::ResponseBody(b) => b.response.as_ref()?,
+            Answer::RequestHeaders(h) | Answer::ResponseHeaders(h) => h.response.as_ref()?,
+            _ => return None,
+        };
+        let set = &common.header_mutation.as_ref()?.set_headers;
+        let h = set.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == name)?;
+        Some(String::from_utf8(h.raw_value.clone()).unwrap())
+    }
+
+    fn immediate_status(a: &ProcessingResponse) -> Option<i32> {
+        match a.response.as_ref()? {
+            Answer::ImmediateResponse(i) => i.status.as_ref().map(|s| s.code),
+            _ => None,
+        }
+    }
+
+    fn endpoint(s: &mmrouter_sim::SimHandle) -> String {
+        s.url().trim_start_matches("http://").trim_end_matches('/').to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_picker_speaks_the_protocol() {
+        let port = free_port();
+        let extra = format!(
+            "[server]\next_proc_listen = \"127.0.0.1:{port}\"\next_proc_fallbacks = 1\nhealth_interval_ms = 0\n\
+             max_inflight_requests = 1\n[media]\nallow_cidrs = [\"127.0.0.0/8\"]"
+        );
+        let c = cluster_with(sims(2, fast).await, &extra).await;
+        let addr = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        let mut health = loop {
+            match tonic::transport::Endpoint::from_shared(addr.clone()).unwrap().connect().await {
+                Ok(channel) => break tonic_health::pb::health_client::HealthClient::new(channel),
+                Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("the picker never listened: {e}"),
+            }
+        };
+        // gRPC health: the ext_proc service, liveness and readiness.
+        for service in ["envoy.service.ext_proc.v3.ExternalProcessor", "liveness", "readiness"] {
+            let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+            let status = health.check(req).await.unwrap().into_inner().status;
+            assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service}");
+        }
+
+        // An image chat: the pick and one fallback, the same in header and metadata; the uuids spliced in.
+        let chat = chat_body(&[data_url("rocket.jpg")], "What is in this picture?", false);
+        let mut first = Stream::open(&addr).await;
+        let a = first.decide("/v1/chat/completions", &chat).await;
+        let listed = set_header(&a, "x-gateway-destination-endpoint").expect("the destination header");
+        let md = a.dynamic_metadata.as_ref().expect("dynamic metadata");
+        let Some(value::Kind::StructValue(lb)) = &md.fields["envoy.lb"].kind else { panic!("envoy.lb") };
+        assert_eq!(lb.fields["x-gateway-destination-endpoint"].kind, Some(value::Kind::StringValue(listed.clone())));
+        let (pick, fallback) = listed.split_once(',').expect("the pick and one fallback");
+        let all: Vec<_> = c.sims.iter().map(endpoint).collect();
+        assert!(all.contains(&pick.to_owned()) && all.contains(&fallback.to_owned()) && pick != fallback, "{listed}");
+        let Some(Answer::RequestBody(b)) = &a.response else { panic!("{a:?}") };
+        let mutation = b.response.as_ref().unwrap().body_mutation.as_ref().expect("the uuid splice");
+        let Some(envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation::Body(sent)) =
+            &mutation.mutation
+        else {
+            panic!("a whole body")
+        };
+        assert_eq!(sent, &with_uuids(&chat));
+        let name_of = |ep: &str| c.sims.iter().find(|s| endpoint(s) == ep).unwrap().name().to_owned();
+        let loads = |name: &str| {
+            c.state.pools()[0].router.loads().into_iter().find(|l| l.worker == name).unwrap().inflight.requests
+        };
+        assert_eq!((loads(&name_of(pick)), loads(&name_of(fallback))), (1, 0), "the load is held on the pick");
+
+        // At capacity (max_inflight_requests = 1): the next request is the protocol's 429.
+        let mut second = Stream::open(&addr).await;
+        let shed = second.decide("/v1/chat/completions", &chat_body(&[], "Hello", false)).await;
+        assert_eq!(immediate_status(&shed), Some(429), "{shed:?}");
+
+        // The gateway went down the list: the fallback served, and the load moves there.
+        let a = first.send(response_head(Some(fallback))).await.unwrap();
+        assert_eq!(set_header(&a, "x-mmrouter-worker"), Some(name_of(fallback)));
+        assert_eq!(set_header(&a, "x-mmrouter-route").as_deref(), Some("exact"));
+        assert_eq!((loads(&name_of(pick)), loads(&name_of(fallback))), (0, 1));
+        let answer = br#"{"object":"chat.completion","usage":{"prompt_tokens":1000,"completion_tokens":1}}"#;
+        let a = first.send(body(answer, true, true)).await.unwrap();
+        assert!(matches!(a.response, Some(Answer::ResponseBody(_))), "{a:?}");
+        assert_eq!(loads(&name_of(fallback)), 0, "the load is released at the end");
+
+        // Refusals: an unknown path, a bad body, a streamed body; no worker left is the protocol's 503.
+        let a = Stream::open(&addr).await.decide("/v1/embeddings", b"{}").await;
+        assert_eq!(immediate_status(&a), Some(404));
+        let a = Stream::open(&addr).await.decide("/v1/chat/completions", b"{nope").await;
+        assert_eq!(immediate_status(&a), Some(400));
+        let mut streamed = Stream::open(&addr).await;
+        streamed.send(request_head("/v1/chat/completions")).await.unwrap();
+        let e = streamed.send(body(b"{", false, false)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        for w in 0..c.sims.len() {
+            c.state.pools()[0].router.mark_down(w);
+        }
+        let a = Stream::open(&addr).await.decide("/v1/chat/completions", &chat_body(&[], "Anyone?", false)).await;
+        assert_eq!(immediate_status(&a), Some(503), "{a:?}");
+
+        let text = metrics_text(&c.url).await;
+        let picker = |o: &str| metric(&text, "mmrouter_picker_decisions_total", &format!("outcome=\"{o}\""));
+        assert_eq!(
+            (picker("picked"), picker("shed"), picker("unavailable"), picker("rejected")),
+            (1.0, 1.0, 1.0, 2.0),
+            "{text}"
+        );
+        assert_eq!(metric(&text, "mmrouter_requests_total", "route=\"exact\",status=\"200\""), 1.0);
+        // The answer's usage fed the drift metric, as a proxied answer's does.
+        assert_eq!(metric(&text, "mmrouter_prompt_tokens_drift_count", ""), 1.0, "{text}");
+    }
+}
