@@ -6,7 +6,8 @@
 //! its replica's heartbeat no longer lists it (a lost end), or its replica has been silent for
 //! `booking_ttl` (it died, or NATS is down: each replica then routes on its own view). Dispatch records
 //! (blocks) and image records (what the exact route sent a worker, for its image-residency model) are
-//! applied as the sender recorded them, and so are the unseen tokens its fallbacks' engines counted.
+//! applied as the sender recorded them, and so are the unseen tokens its fallbacks' engines counted
+//! and the Responses API answers its workers stored (response id → worker, for pinning follow-ups).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use tokio::sync::mpsc;
 
 use super::checks::{self, OwnTraffic, Refusal, Share, MAX_BEAT_LIVE, MAX_DISPATCH_BLOCKS, MAX_IMAGES};
 use crate::config::PeerQuotas;
+use crate::pools::{valid_response_id, ResponsePeers, ResponseStore};
 use crate::observe::Observer;
 use crate::observe::*;
 
@@ -78,6 +80,13 @@ pub enum Msg {
         key: u64,
         t: u32,
     },
+    /// Response `id` (Responses API) is stored at `pool`/`w`: follow-ups naming it go there.
+    Stored {
+        r: String,
+        pool: String,
+        w: String,
+        id: String,
+    },
 }
 
 impl Msg {
@@ -104,6 +113,9 @@ impl Msg {
                 names(pool, w).and(count(img.len(), MAX_IMAGES)).and(tokens(&t, MAX_IMAGE_TOKENS))
             }
             Msg::Unseen { pool, t, .. } => names(pool, "-").and(tokens(&[*t], MAX_TOKENS)),
+            Msg::Stored { pool, w, id, .. } => {
+                names(pool, w).and(if valid_response_id(id) { Ok(()) } else { Err(Refusal::BadName) })
+            }
         }
     }
 
@@ -112,7 +124,7 @@ impl Msg {
         match self {
             Msg::Dispatch { b, .. } => b.len() as u64,
             Msg::Images { img, .. } => img.len() as u64,
-            Msg::Unseen { .. } => 1,
+            Msg::Unseen { .. } | Msg::Stored { .. } => 1,
             _ => 0,
         }
     }
@@ -120,7 +132,7 @@ impl Msg {
     pub fn replica(&self) -> &str {
         match self {
             Msg::Book { r, .. } | Msg::First { r, .. } | Msg::End { r, .. } | Msg::Beat { r, .. } => r,
-            Msg::Dispatch { r, .. } | Msg::Images { r, .. } | Msg::Unseen { r, .. } => r,
+            Msg::Dispatch { r, .. } | Msg::Images { r, .. } | Msg::Unseen { r, .. } | Msg::Stored { r, .. } => r,
         }
     }
 }
@@ -162,6 +174,14 @@ impl Outbox {
         if self.tx.try_send(msg).is_err() {
             self.observe.cluster_count(CLUSTER_MESSAGES_DROPPED_TOTAL, ("reason", "queue_full"), 1);
         }
+    }
+}
+
+impl ResponsePeers for Outbox {
+    fn stored(&self, id: &str, pool: &str, worker: &str) {
+        self.own.keys.fetch_add(1, Ordering::Relaxed);
+        let (r, pool, w, id) = (self.replica.clone(), pool.to_owned(), worker.to_owned(), id.to_owned());
+        self.send(Msg::Stored { r, pool, w, id });
     }
 }
 
@@ -265,12 +285,19 @@ pub struct Inbox {
     observe: Arc<Observer>,
     quotas: PeerQuotas,
     own: Arc<OwnTraffic>,
+    /// Where other replicas' stored response ids go (none: they are ignored).
+    responses: Option<Arc<ResponseStore>>,
 }
 
 impl Inbox {
     pub fn new(replica: String, ttl: Duration, observe: Arc<Observer>) -> Inbox {
         let (quotas, own) = (PeerQuotas::default(), Arc::default());
-        Inbox { replica, ttl, peers: Mutex::default(), observe, quotas, own }
+        Inbox { replica, ttl, peers: Mutex::default(), observe, quotas, own, responses: None }
+    }
+
+    /// The same, remembering other replicas' stored response ids in `store`.
+    pub fn with_responses(self, store: Arc<ResponseStore>) -> Inbox {
+        Inbox { responses: Some(store), ..self }
     }
 
     /// The same, with `[cluster]`'s quotas measured against this replica's own traffic.
@@ -336,7 +363,7 @@ impl Inbox {
                 lost.iter().for_each(|&id| peer.end(id));
                 self.observe.cluster_count(CLUSTER_BOOKINGS_TOTAL, ("event", "reconciled"), lost.len() as u64);
             }
-            Msg::Dispatch { .. } | Msg::Images { .. } | Msg::Unseen { .. } => {}
+            Msg::Dispatch { .. } | Msg::Images { .. } | Msg::Unseen { .. } | Msg::Stored { .. } => {}
         }
         Ok(())
     }
@@ -376,9 +403,18 @@ impl Inbox {
                     router.apply_remote_unseen(key, t);
                 }
             }
+            Msg::Stored { pool, w, id, .. } => self.stored(routers, (&pool, &w), &id),
             _ => {}
         }
         Ok(())
+    }
+
+    /// Another replica's worker stored response `id`: remembered when this replica has that worker.
+    fn stored(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), id: &str) {
+        let Some(store) = self.responses.as_ref() else { return };
+        if self.worker_id(routers, pool, w).is_some() && store.learn_from_peer(id, pool, w) {
+            self.observe.cluster_count(RESPONSES_LEARNT_TOTAL, ("source", "peer"), 1);
+        }
     }
 
     fn images(&self, routers: &RouterOf<'_>, (pool, w): (&str, &str), img: &[(String, u32)]) {
@@ -587,6 +623,42 @@ mod tests {
         router.learn_unseen(9, 1200);
         let sent = rx.try_recv().expect("shared");
         assert_eq!(sent, Msg::Unseen { r: "me".into(), pool: "p".into(), key: 9, t: 1200 });
+    }
+
+    #[test]
+    fn stored_response_ids_are_shared_checked_and_bounded_by_the_key_share() {
+        let (router, observe) = (router(), Arc::new(Observer::new()));
+        let routers = |pool: &str| (pool == "p").then(|| router.clone());
+        let store = Arc::new(ResponseStore::new(&Default::default()));
+        let inbox = Inbox::new("me".into(), Duration::from_secs(5), observe)
+            .limited(PeerQuotas::default(), Arc::default())
+            .with_responses(store.clone());
+        let stored = |id: &str, w: &str| Msg::Stored { r: "o".into(), pool: "p".into(), w: w.into(), id: id.into() };
+        inbox.apply(&routers, stored("resp_1", "w1"));
+        assert_eq!(store.lookup("resp_1").map(|p| p.worker.to_string()).as_deref(), Some("w1"));
+        inbox.apply(&routers, stored("resp_2", "nobody")); // no such worker here: not kept
+        assert!(store.lookup("resp_2").is_none());
+        // An id no worker could give is refused before it counts.
+        assert_eq!(stored("../x", "w1").check(), Err(Refusal::BadName));
+        assert_eq!(stored(&"r".repeat(300), "w1").check(), Err(Refusal::BadName));
+        inbox.apply(&routers, stored("../x", "w1"));
+        assert!(store.lookup("../x").is_none());
+        // A flood is held to the peer's share of index keys per window (this replica sent none).
+        let flood = 3 * checks::MAX_DISPATCH_BLOCKS;
+        for i in 0..flood {
+            inbox.apply(&routers, stored(&format!("resp_flood_{i}"), "w0"));
+        }
+        let kept = (0..flood).filter(|i| store.lookup(&format!("resp_flood_{i}")).is_some()).count();
+        assert!(kept <= 2 * checks::MAX_DISPATCH_BLOCKS, "{kept} of {flood} kept");
+
+        // This replica's own learning goes out as a record.
+        let (out, mut rx) = Outbox::new("me".into(), Arc::new(Observer::new()));
+        let mine = ResponseStore::new(&Default::default());
+        mine.set_peers(out.clone());
+        mine.learn("resp_9", "p", "w0");
+        let sent = rx.try_recv().expect("shared");
+        assert_eq!(sent, Msg::Stored { r: "me".into(), pool: "p".into(), w: "w0".into(), id: "resp_9".into() });
+        assert_eq!(sent.keys(), 1);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! * [`bookings`] over [`nats`]: each replica's bookings (request admitted on a worker, first byte,
 //!   end) and dispatch records (pending and approximate blocks) reach the others, which weigh them as
 //!   remote load and index entries. The core's `routing::Link` is the seam: the proxy knows nothing
-//!   of any of this.
+//!   of any of this. The Responses store's `ResponsePeers` is the same seam for stored response ids.
 //!
 //! Must not know: the proxy (a request's path) and the ops room.
 
@@ -36,7 +36,9 @@ pub fn start(cfg: &Settings, state: &Arc<AppState>) -> Option<impl Future<Output
     if let Some(conn) = settings.nats.clone() {
         let (outbox, outgoing) = bookings::Outbox::new(settings.replica_id.clone(), state.observe.clone());
         link_pools(&pools, &outbox);
-        let nats = nats::Nats::new(settings.clone(), pools.clone(), state.observe.clone(), outbox);
+        state.responses.set_peers(outbox.clone());
+        let nats = nats::Nats::new(settings.clone(), pools.clone(), state.observe.clone(), outbox)
+            .with_responses(state.responses.clone());
         tokio::spawn(Arc::new(nats).run(conn, outgoing));
     }
     let boot = bootstrap::Bootstrapper {

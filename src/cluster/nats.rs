@@ -14,7 +14,7 @@ use super::checks::{self, QueueShares, Refusal, MAX_MESSAGE_BYTES, RECORDS_QUEUE
 use crate::config::{ClusterSettings, NatsAuth, NatsSettings};
 use crate::observe::Observer;
 use crate::observe::*;
-use crate::pools::Pools;
+use crate::pools::{Pools, ResponseStore};
 
 /// Messages the NATS client holds for the subscriber before it drops (it counts slow consumers).
 const SUBSCRIPTION_CAPACITY: usize = 128;
@@ -39,6 +39,11 @@ impl Nats {
         let inbox = Inbox::new(settings.replica_id.clone(), settings.booking_ttl, observe.clone())
             .limited(settings.quotas, outbox.own.clone());
         Nats { settings, pools, observe, outbox, inbox, queued: QueueShares::default() }
+    }
+
+    /// Other replicas' stored response ids go to `store`.
+    pub fn with_responses(self, store: Arc<ResponseStore>) -> Nats {
+        Nats { inbox: self.inbox.with_responses(store), ..self }
     }
 
     fn subject(&self) -> String {

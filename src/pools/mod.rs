@@ -31,5 +31,5 @@ pub use list::Pools;
 pub use lora_load::{LoadError, Requester};
 pub use pool::Pool;
 pub use reload::{reload_file, spawn_watch};
-pub use responses::{valid_id as valid_response_id, ResponseStore};
+pub use responses::{valid_id as valid_response_id, ResponsePeers, ResponseStore};
 pub use workers::ChangeError;

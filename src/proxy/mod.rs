@@ -38,7 +38,6 @@ pub use debug::{debug_route, trace_json};
 // For the endpoint picker, which sends nothing itself: the splice, the load held at dispatch, the end.
 pub(crate) use forward::{body_for, dispatch, report};
 pub(crate) use relay::ended;
-pub use responses::{by_id as response_by_id, create as responses};
 
 use crate::error::ApiError;
 use crate::observe::Ending;
@@ -83,6 +82,43 @@ async fn route(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<forward::Answer, Api
     }
     forward::select(ctx, Role::Both)?;
     forward::forward(st, ctx).await
+}
+
+/// `POST /v1/responses`: planned like a chat; a follow-up (`previous_response_id`) pinned to the
+/// worker that stored the response it continues (see [`responses`]).
+pub async fn responses(st: Arc<AppState>, req: Request) -> Response {
+    let mut ctx = Ctx::new(req);
+    match responses_phases(&st, &mut ctx).await {
+        Ok(answer) => relay::relay(&st, ctx, answer),
+        Err(e) => finish_error(&st, ctx, e),
+    }
+}
+
+/// parse → pick pool → plan (as a chat), then the pinned worker or the policy's ranking.
+async fn responses_phases(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<forward::Answer, ApiError> {
+    let previous = responses::read(ctx);
+    understand(st, ctx, Endpoint::Responses).await?;
+    match previous {
+        Some(id) => responses::pin(st, ctx, &id, responses::Param::Previous).await?,
+        // A pool with roles serves Responses on its whole-request workers: vLLM's Responses API
+        // takes no disaggregated legs (no `kv_transfer_params` in its request).
+        None => forward::select(ctx, ctx.pool().router.shape().map_or(Role::Both, |s| s.whole))?,
+    }
+    forward::forward(st, ctx).await
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: to the worker that stored
+/// `id`, the body as received (unplanned).
+pub async fn response_by_id(st: Arc<AppState>, id: String, req: Request) -> Response {
+    let mut ctx = Ctx::new(req);
+    let answer = match responses::by_id(&st, &mut ctx, &id).await {
+        Ok(()) => forward::forward(&st, &mut ctx).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(answer) => relay::relay(&st, ctx, answer),
+        Err(e) => finish_error(&st, ctx, e),
+    }
 }
 
 /// Other `/v1/*` calls (models, embeddings, …) go to a healthy worker as they are: no plan, the

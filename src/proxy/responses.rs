@@ -13,62 +13,35 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::extract::Request;
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
-use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use mmrouter_core::pipeline::RoutePlan;
-use mmrouter_core::request::Endpoint;
 use mmrouter_core::routing::Role;
 
 use super::context::Ctx;
-use super::forward::{self, Answer};
+use super::forward;
 use crate::error::ApiError;
 use crate::pools::{valid_response_id, Pool};
 use crate::state::AppState;
 use crate::upstream::{Outgoing, Pieces};
 
-/// `POST /v1/responses`.
-pub async fn create(st: Arc<AppState>, req: Request) -> Response {
-    let mut ctx = Ctx::new(req);
-    match create_phases(&st, &mut ctx).await {
-        Ok(answer) => super::relay::relay(&st, ctx, answer),
-        Err(e) => super::finish_error(&st, ctx, e),
-    }
-}
-
-/// parse → pick pool → plan (as a chat), then the pinned worker or the policy's ranking.
-async fn create_phases(st: &Arc<AppState>, ctx: &mut Ctx) -> Result<Answer, ApiError> {
+/// Reads what pinning needs from a Responses body: its `previous_response_id`, and whether the worker
+/// will store the answer (vLLM stores unless told `store: false`; an engine without the store
+/// ignores it), noted in the context so the relay learns the answer's id.
+pub fn read(ctx: &mut Ctx) -> Option<String> {
     let fields = serde_json::from_slice::<Fields>(&ctx.body).unwrap_or_default();
-    let previous = fields.previous_response_id.map(Cow::into_owned);
-    // vLLM stores unless told not to (`store` defaults to true; an engine without the store ignores it).
     ctx.learn_response_id = fields.store != Some(false);
-    super::understand(st, ctx, Endpoint::Responses).await?;
-    match previous {
-        Some(id) => pin(st, ctx, &id, Param::Previous).await?,
-        // A pool with roles serves Responses on its whole-request workers: vLLM's Responses API
-        // takes no disaggregated legs (no `kv_transfer_params` in its request).
-        None => forward::select(ctx, ctx.pool().router.shape().map_or(Role::Both, |s| s.whole))?,
-    }
-    forward::forward(st, ctx).await
+    fields.previous_response_id.map(Cow::into_owned)
 }
 
-/// `GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: to the worker that stored
-/// `id`, the body as received (unplanned).
-pub async fn by_id(st: Arc<AppState>, id: String, req: Request) -> Response {
-    let mut ctx = Ctx::new(req);
-    match by_id_phases(&st, &mut ctx, &id).await {
-        Ok(answer) => super::relay::relay(&st, ctx, answer),
-        Err(e) => super::finish_error(&st, ctx, e),
-    }
-}
-
-async fn by_id_phases(st: &Arc<AppState>, ctx: &mut Ctx, id: &str) -> Result<Answer, ApiError> {
+/// For `GET`/`DELETE /v1/responses/{id}` and cancel: the pool that stored `id` (when known; else
+/// each pool in turn is asked, and with one pool it is that pool), planned as a passthrough, and the
+/// worker holding it selected.
+pub async fn by_id(st: &AppState, ctx: &mut Ctx, id: &str) -> Result<(), ApiError> {
     let known = valid_response_id(id).then(|| st.responses.lookup(id)).flatten();
     let pools = st.pools();
-    // The pool that stored it, when known; else each pool in turn is asked (one: it is the pool).
     let pool = match known.and_then(|p| pools.iter().find(|pool| *pool.name == *p.pool).cloned()) {
         Some(pool) => pool,
         None if pools.len() == 1 => pools[0].clone(),
@@ -76,8 +49,7 @@ async fn by_id_phases(st: &Arc<AppState>, ctx: &mut Ctx, id: &str) -> Result<Ans
     };
     ctx.plan = Some(RoutePlan::passthrough(pool.pipeline.block_size()));
     ctx.pool = Some(pool);
-    pin(st, ctx, id, Param::Path).await?;
-    forward::forward(st, ctx).await
+    pin(st, ctx, id, Param::Path).await
 }
 
 /// The first pool one of whose workers has `id` (found by the probe, and remembered), else the first.
@@ -102,7 +74,7 @@ struct Fields<'a> {
 
 /// Where the response id came from, for the error's `param`.
 #[derive(Clone, Copy)]
-enum Param {
+pub enum Param {
     Previous,
     Path,
 }
@@ -158,7 +130,7 @@ impl PinError {
 
 /// Pins the request to the worker of the context's pool that stored `id` (known, or found by the
 /// probe); the outcome is noted for the observation phase either way.
-async fn pin(st: &AppState, ctx: &mut Ctx, id: &str, param: Param) -> Result<(), ApiError> {
+pub async fn pin(st: &AppState, ctx: &mut Ctx, id: &str, param: Param) -> Result<(), ApiError> {
     let auth = ctx.headers.get(AUTHORIZATION).cloned();
     let found = match find(st, ctx.pool(), id, auth).await {
         Ok((w, recovered)) => select_pinned(ctx, w).map(|()| recovered),

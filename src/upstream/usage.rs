@@ -130,7 +130,8 @@ fn sse_line(line: &[u8], want_id: bool) -> (Option<u64>, Option<String>) {
     let Some(data) = line.strip_prefix(b"data:") else { return (None, None) };
     // Cheap pre-checks: most events carry neither.
     let has = |needle: &[u8]| data.windows(needle.len()).any(|w| w == needle);
-    if !has(b"\"usage\"") && !(want_id && has(b"\"response\"")) {
+    let worth_reading = has(b"\"usage\"") || (want_id && has(b"\"response\""));
+    if !worth_reading {
         return (None, None);
     }
     let Ok(a) = serde_json::from_slice::<Answer>(data.trim_ascii()) else { return (None, None) };
