@@ -112,7 +112,7 @@ fn parse_engine(s: &str) -> Result<mmrouter_core::routing::Engine, String> {
 
 /// `mmrouter serve`: a config file, or one pool from flags; the flags override the file's keys.
 #[derive(clap::Args, Clone, Debug)]
-#[command(group = clap::ArgGroup::new("any_worker").multiple(true).args(["workers", "prefill", "decode", "encode"]))]
+#[command(group = clap::ArgGroup::new("any_worker").multiple(true).args(["workers", "prefill", "decode", "encode", "worker_dns", "worker_srv"]))]
 pub struct ServeArgs {
     /// Config file (see config/mmrouter.toml). Default: config/mmrouter.toml, unless --model-dir or
     /// --worker describe the pool, which then need no file.
@@ -137,6 +137,15 @@ pub struct ServeArgs {
     /// there for the prefill (or --worker) workers.
     #[arg(long = "encode", value_name = "URL")]
     pub encode: Vec<String>,
+    /// A DNS name whose A (else AAAA) records are workers, and their port, e.g.
+    /// vllm-headless.default.svc.cluster.local:8000 (repeatable): re-resolved every 10 s, named
+    /// dns-0@ADDR:PORT, … (docs/dns.md).
+    #[arg(long = "worker-dns", value_name = "NAME:PORT")]
+    pub worker_dns: Vec<String>,
+    /// A DNS name whose SRV records are workers, e.g. _http._tcp.vllm.default.svc.cluster.local
+    /// (repeatable): named srv-0@ADDR:PORT, … (docs/dns.md).
+    #[arg(long = "worker-srv", value_name = "NAME")]
+    pub worker_srv: Vec<String>,
     /// The --prefill workers' bootstrap server port (SGLang's --disaggregation-bootstrap-port).
     #[arg(long, value_name = "PORT", requires = "prefill")]
     pub bootstrap_port: Option<u16>,

@@ -41,6 +41,8 @@ fn flags(args: &ServeArgs) -> ConfigFlags {
         prefill: args.prefill.clone(),
         decode: args.decode.clone(),
         encode: args.encode.clone(),
+        worker_dns: args.worker_dns.clone(),
+        worker_srv: args.worker_srv.clone(),
         bootstrap_port: args.bootstrap_port,
         kv_events: args.kv_events.clone(),
         engine: args.engine,

@@ -21,6 +21,11 @@ pub struct ConfigFlags {
     pub prefill: Vec<String>,
     pub decode: Vec<String>,
     pub encode: Vec<String>,
+    /// With `workers`, replace `[[workers]]`: DNS entries (`NAME:PORT`, A/AAAA records), named
+    /// `dns-0`, … (docs/dns.md).
+    pub worker_dns: Vec<String>,
+    /// DNS entries with SRV records, named `srv-0`, ….
+    pub worker_srv: Vec<String>,
     /// `bootstrap_port` of each `prefill` worker (SGLang).
     pub bootstrap_port: Option<u16>,
     /// `kv_events` of each flag worker: `discover` or one publisher endpoint (one worker).
@@ -41,9 +46,18 @@ impl ConfigFlags {
         self.model_dir.is_some() || self.has_workers() || self.block_size.is_some()
     }
 
-    /// Whether a worker flag (`--worker`, `--prefill`, `--decode`, `--encode`) is given.
+    /// Whether a worker flag (`--worker`, `--prefill`, `--decode`, `--encode`, `--worker-dns`,
+    /// `--worker-srv`) is given.
     fn has_workers(&self) -> bool {
-        self.urls().next().is_some()
+        self.urls().next().is_some() || !self.worker_dns.is_empty() || !self.worker_srv.is_empty()
+    }
+
+    /// `--worker-dns NAME:PORT`, split.
+    fn dns_names(&self) -> anyhow::Result<Vec<(&str, u16)>> {
+        self.worker_dns
+            .iter()
+            .map(|v| split_port(v).ok_or_else(|| anyhow::anyhow!("--worker-dns: '{v}' is not NAME:PORT")))
+            .collect()
     }
 
     /// Every flag worker: its flag, name, URL and role, in the order they are listed.
@@ -96,12 +110,13 @@ impl ConfigFlags {
         for (flag, _, url, _) in self.urls() {
             check_worker_url(url).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
         }
+        self.dns_names()?;
         if self.bootstrap_port.is_some() && self.prefill.is_empty() {
             anyhow::bail!("--bootstrap-port is the port of the --prefill workers' bootstrap server: give --prefill");
         }
         match self.kv_events.as_deref() {
             None | Some("discover") => {}
-            Some(_) if self.urls().count() > 1 => {
+            Some(_) if self.urls().count() > 1 || !self.worker_dns.is_empty() || !self.worker_srv.is_empty() => {
                 anyhow::bail!("--kv-events ENDPOINT names one publisher: give one --worker, or --kv-events discover")
             }
             Some(ep) => {
@@ -161,8 +176,43 @@ impl ConfigFlags {
             }
             Value::Table(w)
         };
-        self.urls().map(entry).collect()
+        let mut out: Vec<Value> = self.urls().map(entry).collect();
+        out.extend(self.dns_entries());
+        out
     }
+
+    /// `--worker-dns` and `--worker-srv` as `[[workers]]` DNS entries.
+    fn dns_entries(&self) -> Vec<Value> {
+        let dns = self.dns_names().unwrap_or_default().into_iter().enumerate().map(|(i, (name, port))| {
+            let mut w = Table::new();
+            w.insert("name".into(), format!("dns-{i}").into());
+            w.insert("dns".into(), name.into());
+            w.insert("port".into(), i64::from(port).into());
+            w
+        });
+        let srv = self.worker_srv.iter().enumerate().map(|(i, name)| {
+            let mut w = Table::new();
+            w.insert("name".into(), format!("srv-{i}").into());
+            w.insert("dns_srv".into(), name.clone().into());
+            w
+        });
+        let with_keys = |mut w: Table| {
+            if let Some(engine) = self.engine {
+                w.insert("engine".into(), engine_label(engine).into());
+            }
+            if let Some(events) = &self.kv_events {
+                w.insert("kv_events".into(), events.clone().into());
+            }
+            Value::Table(w)
+        };
+        dns.chain(srv).map(with_keys).collect()
+    }
+}
+
+/// `NAME:PORT`, the port in 1..=65535.
+fn split_port(v: &str) -> Option<(&str, u16)> {
+    let (name, port) = v.rsplit_once(':')?;
+    Some((name, port.parse::<u16>().ok().filter(|p| *p > 0)?))
 }
 
 /// The file's `[name]` table, created when absent.
@@ -301,5 +351,40 @@ mod tests {
         assert!(one().to_toml(table(pools)).unwrap_err().to_string().contains("[[pools]]"));
         let listen_only = ConfigFlags { listen: Some("127.0.0.1:0".into()), ..Default::default() };
         assert!(listen_only.to_toml(table(pools)).is_ok(), "--listen applies to any file");
+    }
+}
+
+#[cfg(test)]
+mod dns_flag_tests {
+    use super::super::settings::{DnsLookup, EventSource, Settings};
+    use super::*;
+
+    #[test]
+    fn dns_flags_are_dns_entries() {
+        let f = ConfigFlags {
+            model_dir: Some("qwen3-vl".into()),
+            worker_dns: vec!["vllm-headless.default.svc:8000".into()],
+            worker_srv: vec!["_http._tcp.vllm.default.svc".into()],
+            kv_events: Some("discover".into()),
+            ..Default::default()
+        };
+        let c = Settings::parse(&f.to_toml(None).unwrap()).unwrap();
+        let entries: Vec<_> = c.discovery.entries.iter().map(|e| (e.name.as_str(), &e.lookup)).collect();
+        assert_eq!(
+            entries,
+            [
+                ("dns-0", &DnsLookup::Addresses { host: "vllm-headless.default.svc".into(), port: 8000 }),
+                ("srv-0", &DnsLookup::Srv { name: "_http._tcp.vllm.default.svc".into() }),
+            ]
+        );
+        assert!(c.discovery.entries.iter().all(|e| e.template.events == Some(EventSource::Discover)));
+        for (bad, want) in [("vllm", "--worker-dns: 'vllm' is not NAME:PORT"), ("vllm:0", "is not NAME:PORT")] {
+            let f =
+                ConfigFlags { model_dir: Some("qwen3-vl".into()), worker_dns: vec![bad.into()], ..Default::default() };
+            let e = f.to_toml(None).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let endpoint = ConfigFlags { kv_events: Some("tcp://127.0.0.1:5557".into()), ..f };
+        assert!(endpoint.to_toml(None).unwrap_err().to_string().contains("--kv-events ENDPOINT names one publisher"));
     }
 }
