@@ -36,6 +36,7 @@ fn openai_python_sdk_round_trips_through_the_proxy() {
             o.ttft_base_ms = 0;
             o.prefill_us_per_token = 0;
             o.decode_ms_per_token = 0;
+            o.responses_store = true;
         })
         .await;
         let cluster = harness::cluster_with(sims, &format!("[server]\nmax_body_bytes = {MAX_BODY}\n")).await;
@@ -117,6 +118,27 @@ fn openai_python_sdk_round_trips_through_the_proxy() {
         let u = &out["retrieve_unknown"];
         assert_eq!((u["exception"].clone(), u["status"].clone()), ("NotFoundError".into(), 404.into()), "{u}");
         assert_eq!(u["code"], "model_not_found", "{u}");
+
+        // client.responses: a first turn, follow-ups by previous_response_id (whole and streamed) on the
+        // worker that stored it, responses.retrieve, and OpenAI's 404 for an id no worker has.
+        let r = &out["responses"];
+        let first = &r["first"];
+        assert_eq!((first["status"].clone(), first["object"].clone()), (200.into(), "response".into()), "{r}");
+        assert!(first["text"].as_str().is_some_and(|t| !t.is_empty()), "{r}");
+        assert!(first["input_tokens"].as_u64().is_some_and(|n| n > 0), "{r}");
+        let home = first["worker"].clone();
+        for turn in [&r["follow_up"], &r["stream"]] {
+            assert_eq!(turn["status"], 200, "{r}");
+            assert_eq!(turn["worker"], home, "a follow-up left the worker holding its response: {r}");
+            assert_eq!(turn["pinned"], "known", "{r}");
+        }
+        assert_eq!(r["follow_up"]["previous_response_id"], first["id"], "{r}");
+        assert_eq!(r["stream"]["first_event"], "response.created", "{r}");
+        assert_eq!(r["stream"]["previous_response_id"], r["follow_up"]["id"], "{r}");
+        assert_eq!(r["retrieve"]["id"], first["id"], "{r}");
+        let u = &r["unknown"];
+        assert_eq!((u["exception"].clone(), u["status"].clone()), ("NotFoundError".into(), 404.into()), "{u}");
+        assert_eq!(u["code"], "response_not_found", "{u}");
     });
 }
 

@@ -87,6 +87,58 @@ def expect_error(call):
     return {"exception": None}
 
 
+def responses_conversation(client, model, text):
+    """A Responses conversation: a first turn, a follow-up by `previous_response_id`, a streamed
+    follow-up of that, then `responses.retrieve` of the first."""
+    raw = client.responses.with_raw_response.create(model=model, input=text, max_output_tokens=8)
+    first = raw.parse()
+    out = {
+        "first": {
+            "status": raw.status_code,
+            "worker": header(raw, "x-mmrouter-worker"),
+            "id": first.id,
+            "object": first.object,
+            "text": first.output_text,
+            "input_tokens": first.usage.input_tokens if first.usage else None,
+        }
+    }
+    raw = client.responses.with_raw_response.create(
+        model=model, input="And then?", previous_response_id=first.id, max_output_tokens=8
+    )
+    follow = raw.parse()
+    out["follow_up"] = {
+        "status": raw.status_code,
+        "worker": header(raw, "x-mmrouter-worker"),
+        "pinned": header(raw, "x-mmrouter-pinned"),
+        "id": follow.id,
+        "previous_response_id": follow.previous_response_id,
+        "input_tokens": follow.usage.input_tokens if follow.usage else None,
+    }
+    raw = client.responses.with_raw_response.create(
+        model=model, input="Once more.", previous_response_id=follow.id, max_output_tokens=8, stream=True
+    )
+    types, completed = [], None
+    for event in raw.parse():
+        types.append(event.type)
+        if event.type == "response.completed":
+            completed = event.response
+    out["stream"] = {
+        "status": raw.status_code,
+        "worker": header(raw, "x-mmrouter-worker"),
+        "pinned": header(raw, "x-mmrouter-pinned"),
+        "first_event": types[0] if types else None,
+        "previous_response_id": completed.previous_response_id if completed else None,
+    }
+    got = client.responses.retrieve(first.id)
+    out["retrieve"] = {"id": got.id, "status": got.status}
+    out["unknown"] = expect_error(
+        lambda: client.responses.create(
+            model=model, input="Hi", previous_response_id="resp_0000000000000000", max_output_tokens=8
+        )
+    )
+    return out
+
+
 def main():
     job = json.load(sys.stdin)
     client = OpenAI(base_url=job["base_url"] + "/v1", api_key="x", max_retries=0, timeout=30.0)
@@ -108,6 +160,7 @@ def main():
     m = client.models.retrieve(model)
     out["retrieve"] = {"id": m.id, "object": m.object}
     out["retrieve_unknown"] = expect_error(lambda: client.models.retrieve("no-such-model"))
+    out["responses"] = responses_conversation(client, model, "Say hello in three words.")
     json.dump(out, sys.stdout)
 
 
