@@ -14,6 +14,7 @@ mod conn;
 mod count_cli;
 mod demo_fields;
 mod disagg;
+mod deploy;
 mod dns;
 mod doctor;
 mod faults;
