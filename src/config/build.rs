@@ -18,13 +18,13 @@ use super::dns::dns_entry;
 use super::file::{AuthSection, ConfigFile, ModelSection, PoolSection, ServerSection, WorkerSection};
 use super::kv_events::KvEventsSection;
 use super::responses::ResponsesConfig;
-use super::tracing::TracingConfig;
 use super::retries::RetryConfig;
 use super::roles::{check_roles, Member};
 use super::settings::{
     AuthSettings, ConnSettings, DiscoverySettings, DnsEntry, EventSource, PoolSettings, ServerSettings, Settings,
     UpstreamAuth, WorkerSettings,
 };
+use super::tracing::TracingConfig;
 
 impl Default for ConnSettings {
     fn default() -> Self {

@@ -12,8 +12,8 @@
 //! own recorder ([`series`]), not the proxy's: dropping a recorder forgets all of its series, so removed
 //! workers leave nothing in `/metrics`.
 //!
-//! * A request's trace ([`trace`]) is built from the same record at the same point, and exported over
-//!   OTLP by one task of its own when `[tracing]` names a collector.
+//! * A request's spans ([`spans`]) are built from the same record at the same point, and exported over
+//!   OTLP by one task of its own ([`trace`]) when `[tracing]` names a collector.
 //!
 //! Architecture invariant: this room imports nothing of the crate; it records and renders what it is
 //! handed.
@@ -25,10 +25,12 @@ mod record;
 mod recorder;
 mod scrape;
 mod series;
+mod spans;
 mod trace;
 
 pub use names::*;
 pub use record::{Attempt, AttemptStatus, Ending, Leg, LegKind, LegOutcome, RequestRecord};
 pub use recorder::Observer;
 pub use scrape::{FeedSample, PoolSample};
+pub use spans::export_trace;
 pub use trace::{RequestTrace, TraceExport, TraceParent, Tracer, TRACEPARENT, TRACESTATE};

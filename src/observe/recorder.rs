@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use super::cache::Cache;
 use super::names::*;
 use super::series::WorkerSeries;
-use super::trace::{TraceExport, Tracer};
+use super::trace::{TraceCounters, TraceExport, Tracer};
 
 /// One proxy's metrics: its recorder, and the handles the request path records into.
 pub struct Observer {
@@ -102,7 +102,13 @@ impl Observer {
 
     /// Starts exporting traces (once; on the current runtime).
     pub fn start_tracing(&self, cfg: TraceExport) -> anyhow::Result<()> {
-        let tracer = Tracer::start(cfg, self)?;
+        let dropped = |reason| self.counter(TRACE_SPANS_DROPPED_TOTAL, &[("reason", reason)]);
+        let counters = TraceCounters {
+            exported: self.counter(TRACE_SPANS_EXPORTED_TOTAL, &[]),
+            queue_full: dropped("queue_full"),
+            export_failed: dropped("export_failed"),
+        };
+        let tracer = Tracer::start(cfg, counters)?;
         let _ = self.tracer.set(tracer);
         Ok(())
     }

@@ -16,14 +16,8 @@ use metrics::Counter;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-
-use super::names::*;
-use super::record::{AttemptStatus, Ending, LegOutcome, RequestRecord};
-use super::recorder::Observer;
 
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
@@ -80,7 +74,7 @@ fn to_hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn span_id() -> [u8; 8] {
+pub(super) fn span_id() -> [u8; 8] {
     loop {
         let id = rand::random::<[u8; 8]>();
         if id != [0; 8] {
@@ -90,11 +84,11 @@ fn span_id() -> [u8; 8] {
 }
 
 /// One upstream send: the span id the worker was told is its parent, and when it left.
-struct Sent {
-    span_id: [u8; 8],
-    at: Instant,
+pub(super) struct Sent {
+    pub(super) span_id: [u8; 8],
+    pub(super) at: Instant,
     /// Not one of the context's attempts (SGLang's prefill leg, sent beside the decode's).
-    leg: Option<&'static str>,
+    pub(super) leg: Option<&'static str>,
 }
 
 /// A request's trace, carried in the proxy's context: the client's context and our spans' ids.
@@ -102,15 +96,15 @@ pub struct RequestTrace {
     pub trace_id: [u8; 16],
     /// The server span (ours); its parent is the client's span, when the client sent one.
     pub span_id: [u8; 8],
-    client: Option<TraceParent>,
-    tracestate: Option<HeaderValue>,
-    name: String,
-    method: String,
-    path: String,
-    started: (SystemTime, Instant),
+    pub(super) client: Option<TraceParent>,
+    pub(super) tracestate: Option<HeaderValue>,
+    pub(super) name: String,
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) started: (SystemTime, Instant),
     /// When planning ended (the `plan` span ends there).
     pub planned_at: Option<Instant>,
-    sent: Vec<Sent>,
+    pub(super) sent: Vec<Sent>,
 }
 
 impl RequestTrace {
@@ -153,7 +147,7 @@ impl RequestTrace {
         [Some(tp.header()), self.tracestate.clone()]
     }
 
-    fn nanos(&self, at: Instant) -> u64 {
+    pub(super) fn nanos(&self, at: Instant) -> u64 {
         let t = self.started.0 + at.saturating_duration_since(self.started.1);
         t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     }
@@ -188,26 +182,24 @@ pub struct Tracer {
     cfg: TraceExport,
     queue: Mutex<Vec<Span>>,
     wake: tokio::sync::Notify,
-    exported: Counter,
-    queue_full: Counter,
-    export_failed: Counter,
+    counters: TraceCounters,
+}
+
+/// The exporter's counters: spans delivered, and dropped by reason.
+pub struct TraceCounters {
+    pub exported: Counter,
+    pub queue_full: Counter,
+    pub export_failed: Counter,
 }
 
 impl Tracer {
     /// The exporter, and its task (spawned on the current runtime; it ends with the exporter).
-    pub fn start(cfg: TraceExport, observe: &Observer) -> anyhow::Result<Arc<Tracer>> {
+    pub fn start(cfg: TraceExport, counters: TraceCounters) -> anyhow::Result<Arc<Tracer>> {
         // Started from the server's runtime; a state built outside one cannot export.
         tokio::runtime::Handle::try_current().map_err(|_| anyhow::anyhow!("tracing needs a tokio runtime"))?;
         let client = reqwest::Client::builder().timeout(cfg.timeout).build()?;
-        let dropped = |reason| observe.counter(TRACE_SPANS_DROPPED_TOTAL, &[("reason", reason)]);
-        let tracer = Arc::new(Tracer {
-            exported: observe.counter(TRACE_SPANS_EXPORTED_TOTAL, &[]),
-            queue_full: dropped("queue_full"),
-            export_failed: dropped("export_failed"),
-            queue: Mutex::new(Vec::new()),
-            wake: tokio::sync::Notify::new(),
-            cfg,
-        });
+        let tracer =
+            Arc::new(Tracer { counters, queue: Mutex::new(Vec::new()), wake: tokio::sync::Notify::new(), cfg });
         tokio::spawn(drain(Arc::downgrade(&tracer), client));
         Ok(tracer)
     }
@@ -223,15 +215,11 @@ impl Tracer {
         ratio >= 1.0 || (low as f64) < ratio * u64::MAX as f64
     }
 
-    /// The request's spans, queued when it is sampled (dropped and counted when the queue is full).
-    pub fn export(&self, t: &RequestTrace, r: &RequestRecord<'_>) {
-        if !self.sampled(t) {
-            return;
-        }
-        let spans = spans(t, r, Instant::now());
+    /// A sampled request's spans, queued (dropped and counted when the queue is full).
+    pub fn push(&self, spans: Vec<Span>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() + spans.len() > self.cfg.max_queue {
-            self.queue_full.increment(spans.len() as u64);
+            self.counters.queue_full.increment(spans.len() as u64);
             return;
         }
         q.extend(spans);
@@ -248,7 +236,11 @@ impl Tracer {
 
     fn request(&self, spans: Vec<Span>) -> Vec<u8> {
         let resource = Resource { attributes: vec![kv("service.name", &self.cfg.service_name)], ..Default::default() };
-        let scope = InstrumentationScope { name: "mmrouter".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() };
+        let scope = InstrumentationScope {
+            name: "mmrouter".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        };
         let scope_spans = ScopeSpans { scope: Some(scope), spans, ..Default::default() };
         let rs = ResourceSpans { resource: Some(resource), scope_spans: vec![scope_spans], ..Default::default() };
         ExportTraceServiceRequest { resource_spans: vec![rs] }.encode_to_vec()
@@ -270,20 +262,20 @@ async fn drain(tracer: Weak<Tracer>, client: reqwest::Client) {
         let post = client.post(&t.cfg.url).headers(t.cfg.headers.clone());
         let sent = post.header("content-type", "application/x-protobuf").body(body).send().await;
         match sent {
-            Ok(resp) if resp.status().is_success() => t.exported.increment(n),
+            Ok(resp) if resp.status().is_success() => t.counters.exported.increment(n),
             Ok(resp) => {
                 tracing::debug!(status = %resp.status(), "OTLP export refused");
-                t.export_failed.increment(n);
+                t.counters.export_failed.increment(n);
             }
             Err(e) => {
                 tracing::debug!("OTLP export failed: {e}");
-                t.export_failed.increment(n);
+                t.counters.export_failed.increment(n);
             }
         }
     }
 }
 
-fn kv(key: &str, v: impl Into<Attr>) -> KeyValue {
+pub(super) fn kv(key: &str, v: impl Into<Attr>) -> KeyValue {
     let value = match v.into() {
         Attr::S(s) => any_value::Value::StringValue(s),
         Attr::I(i) => any_value::Value::IntValue(i),
@@ -291,7 +283,7 @@ fn kv(key: &str, v: impl Into<Attr>) -> KeyValue {
     KeyValue { key: key.into(), value: Some(AnyValue { value: Some(value) }), ..Default::default() }
 }
 
-enum Attr {
+pub(super) enum Attr {
     S(String),
     I(i64),
 }
@@ -317,180 +309,6 @@ impl From<u32> for Attr {
 impl From<u16> for Attr {
     fn from(i: u16) -> Attr {
         Attr::I(i64::from(i))
-    }
-}
-
-/// The spans of one request that ended at `end`.
-fn spans(t: &RequestTrace, r: &RequestRecord<'_>, end: Instant) -> Vec<Span> {
-    let mut b = Builder { t, spans: Vec::new() };
-    b.server(r, end);
-    b.plan(r);
-    b.select(r, end);
-    b.upstream(r, end);
-    b.spans
-}
-
-struct Builder<'a> {
-    t: &'a RequestTrace,
-    spans: Vec<Span>,
-}
-
-impl Builder<'_> {
-    fn span(&mut self, name: &str, parent: [u8; 8], (from, to): (Instant, Instant), attrs: Vec<KeyValue>) -> [u8; 8] {
-        self.with_id(span_id(), name, parent, (from, to), attrs)
-    }
-
-    fn with_id(&mut self, id: [u8; 8], name: &str, parent: [u8; 8], at: (Instant, Instant), attrs: Vec<KeyValue>) -> [u8; 8] {
-        self.spans.push(Span {
-            trace_id: self.t.trace_id.to_vec(),
-            span_id: id.to_vec(),
-            // A root span has no parent (an empty id), not a zero one.
-            parent_span_id: if parent == [0; 8] { Vec::new() } else { parent.to_vec() },
-            trace_state: self.t.tracestate.as_ref().and_then(|v| v.to_str().ok()).unwrap_or_default().into(),
-            name: name.into(),
-            kind: SpanKind::Internal as i32,
-            start_time_unix_nano: self.t.nanos(at.0),
-            end_time_unix_nano: self.t.nanos(at.1.max(at.0)),
-            attributes: attrs,
-            ..Default::default()
-        });
-        id
-    }
-
-    fn last_mut(&mut self) -> &mut Span {
-        self.spans.last_mut().expect("just pushed")
-    }
-
-    /// The request as the client saw it: route, fallback reason, worker, predicted tokens, outcome.
-    fn server(&mut self, r: &RequestRecord<'_>, end: Instant) {
-        let mut a = vec![kv("http.request.method", &self.t.method), kv("url.path", &self.t.path)];
-        if let Some(pool) = r.pool {
-            a.push(kv("mmrouter.pool", pool));
-        }
-        if let Some(plan) = r.plan {
-            a.push(kv("mmrouter.route", plan.route.label()));
-            if let Some(reason) = plan.fallback_reason() {
-                a.push(kv("mmrouter.fallback_reason", reason));
-            }
-            a.push(kv("mmrouter.prompt_tokens", plan.prompt_tokens));
-            if let (Some(pred), Some(drift)) = (plan.predicted_prompt_tokens(), r.drift) {
-                a.push(kv("gen_ai.usage.input_tokens", (f64::from(pred) + drift).max(0.0) as u32));
-            }
-        }
-        if let Some(overlap) = r.dispatched_overlap {
-            a.push(kv("mmrouter.predicted_cached_tokens", overlap));
-        }
-        if let Some(w) = r.attempts.last() {
-            a.push(kv("mmrouter.worker", w.worker.name()));
-        }
-        for leg in r.legs {
-            let v = leg.outcome.reason().map_or_else(|| leg.outcome.label().to_owned(), |why| format!("{}:{why}", leg.outcome.label()));
-            a.push(kv(&format!("mmrouter.leg.{}", leg.kind.label()), &v));
-        }
-        let (status, error) = match r.ending {
-            Ending::Rejected { status, code } => (Some(status), Some(code)),
-            Ending::Answered { status } => (Some(status), (status >= 500).then_some("http_error")),
-            Ending::Cut { reason } => (None, Some(reason)),
-        };
-        if let Some(s) = status {
-            a.push(kv("http.response.status_code", s));
-        }
-        let parent = self.t.client.map_or([0; 8], |c| c.span_id);
-        let name = self.t.name.clone();
-        self.with_id(self.t.span_id, &name, parent, (self.t.started.1, end), a);
-        let span = self.last_mut();
-        span.kind = SpanKind::Server as i32;
-        if let Some(e) = error {
-            span.status = Some(Status { message: e.into(), code: StatusCode::Error as i32 });
-            span.attributes.push(kv("error.type", e));
-        }
-    }
-
-    /// `plan`, ending when planning ended, with its stages laid back to back from their durations.
-    fn plan(&mut self, r: &RequestRecord<'_>) {
-        let (Some(t), Some(end)) = (r.timings, self.t.planned_at) else { return };
-        let stages = [("intake", t.intake), ("account", t.account), ("render", Some(t.plan))];
-        let total: Duration = stages.iter().filter_map(|s| s.1).sum();
-        let start = end.checked_sub(total).unwrap_or(end);
-        let mut attrs = Vec::new();
-        if let Some(plan) = r.plan {
-            attrs.push(kv("mmrouter.route", plan.route.label()));
-            if let Some(reason) = plan.fallback_reason() {
-                attrs.push(kv("mmrouter.fallback_reason", reason));
-            }
-            attrs.push(kv("mmrouter.images", plan.images.len() as u32));
-        }
-        let plan = self.span("plan", self.t.span_id, (start, end), attrs);
-        let mut at = start;
-        for (name, d) in stages {
-            let Some(d) = d else { continue };
-            self.span(name, plan, (at, at + d), Vec::new());
-            at += d;
-        }
-    }
-
-    /// `select`, ending when the first upstream send left (or planning plus its duration).
-    fn select(&mut self, r: &RequestRecord<'_>, end: Instant) {
-        let Some(d) = r.select else { return };
-        let to = self.t.sent.first().map(|s| s.at).or(self.t.planned_at.map(|p| p + d)).unwrap_or(end).min(end);
-        let mut attrs = Vec::new();
-        if let Some(w) = r.attempts.first() {
-            attrs.push(kv("mmrouter.worker", w.worker.name()));
-        }
-        if let Some(o) = r.dispatched_overlap {
-            attrs.push(kv("mmrouter.predicted_cached_tokens", o));
-        }
-        self.span("select", self.t.span_id, (to.checked_sub(d).unwrap_or(to), to), attrs);
-    }
-
-    /// One `upstream` span per send (its id is the parent the worker was given), then `relay`.
-    fn upstream(&mut self, r: &RequestRecord<'_>, end: Instant) {
-        let mut attempts = r.attempts.iter();
-        let sent = &self.t.sent;
-        for (i, s) in sent.iter().enumerate() {
-            let next = sent[i + 1..].iter().find(|n| n.leg.is_none()).map_or(end, |n| n.at);
-            let mut a = Vec::new();
-            let to = match s.leg {
-                Some(leg) => {
-                    a.push(kv("mmrouter.leg", leg));
-                    let l = r.legs.iter().find(|l| l.kind.label() == leg);
-                    if let Some(w) = l.and_then(|l| l.worker.as_deref()) {
-                        a.push(kv("mmrouter.worker", w));
-                    }
-                    if let Some(LegOutcome::Failed(why)) = l.map(|l| l.outcome) {
-                        a.push(kv("error.type", why));
-                    }
-                    l.and_then(|l| l.elapsed).map_or(end, |d| s.at + d)
-                }
-                None => {
-                    let Some(att) = attempts.next() else { continue };
-                    a.push(kv("mmrouter.worker", att.worker.name()));
-                    match att.status {
-                        AttemptStatus::Http(st) => a.push(kv("http.response.status_code", st.as_u16())),
-                        AttemptStatus::Failed(why) => a.push(kv("error.type", why)),
-                    }
-                    if let Some(why) = att.retried {
-                        a.push(kv("mmrouter.retry_reason", why));
-                    }
-                    att.head_after.map_or(next, |h| s.at + h)
-                }
-            };
-            self.with_id(s.span_id, "upstream", self.t.span_id, (s.at, to.min(end)), a);
-            self.last_mut().kind = SpanKind::Client as i32;
-        }
-        self.relay(r, end);
-    }
-
-    /// `relay`: from the answer's head to the end of its body.
-    fn relay(&mut self, r: &RequestRecord<'_>, end: Instant) {
-        let last = self.t.sent.iter().rev().find(|s| s.leg.is_none());
-        let head = r.attempts.last().and_then(|a| a.head_after);
-        let (Some(s), Some(h), Ending::Answered { .. } | Ending::Cut { .. }) = (last, head, r.ending) else { return };
-        let mut attrs = Vec::new();
-        if let Ending::Cut { reason } = r.ending {
-            attrs.push(kv("error.type", reason));
-        }
-        self.span("relay", self.t.span_id, (s.at + h, end), attrs);
     }
 }
 

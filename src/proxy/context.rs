@@ -13,7 +13,7 @@ use mmrouter_core::pipeline::{Planned, RoutePlan, StageTimings};
 use mmrouter_core::routing::{Decision, ImageUse, Worker};
 
 use crate::front::ReceivedBody;
-use crate::observe::{Attempt, Ending, Leg, Observer, RequestRecord, RequestTrace};
+use crate::observe::{export_trace, Attempt, Ending, Leg, Observer, RequestRecord, RequestTrace};
 use crate::pools::Pool;
 use crate::upstream::Pieces;
 
@@ -146,8 +146,6 @@ impl Ctx {
             ending,
         };
         observe.record(&record);
-        if let Some(tracer) = observe.tracer() {
-            tracer.export(&self.trace, &record);
-        }
+        export_trace(observe, &self.trace, &record);
     }
 }

@@ -55,8 +55,14 @@ impl Collector {
     /// The spans of `trace_id`, once its server span has arrived (within 10 s).
     async fn trace(&self, trace_id: &[u8]) -> Vec<Span> {
         for _ in 0..200 {
-            let got: Vec<Span> =
-                self.spans.lock().unwrap().iter().filter(|(_, s)| s.trace_id == trace_id).map(|(_, s)| s.clone()).collect();
+            let got: Vec<Span> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, s)| s.trace_id == trace_id)
+                .map(|(_, s)| s.clone())
+                .collect();
             if got.iter().any(|s| s.kind == SpanKind::Server as i32) {
                 return got;
             }
