@@ -38,7 +38,13 @@ pub struct ResponseStore {
     /// The `[responses]` settings (the proxy reads the probe's).
     pub config: ResponsesConfig,
     peers: RwLock<Option<Arc<dyn ResponsePeers>>>,
+    /// Requests asking the workers for an unknown id at once, process-wide: made-up ids cannot turn
+    /// into an unbounded fan-out of `GET`s.
+    pub probes: tokio::sync::Semaphore,
 }
+
+/// Requests that may ask the workers for unknown ids at the same time.
+pub const MAX_PROBING_REQUESTS: usize = 64;
 
 struct Entry {
     place: Place,
@@ -63,7 +69,9 @@ impl ResponseStore {
     pub fn new(config: &ResponsesConfig) -> ResponseStore {
         let half = (config.max_ids / 2).max(1);
         let gens = Generations { young: HashMap::new(), old: HashMap::new(), half };
-        ResponseStore { gens: Mutex::new(gens), ttl: config.ttl(), config: config.clone(), peers: RwLock::new(None) }
+        let probes = tokio::sync::Semaphore::new(MAX_PROBING_REQUESTS);
+        let (ttl, config, peers) = (config.ttl(), config.clone(), RwLock::new(None));
+        ResponseStore { gens: Mutex::new(gens), ttl, config, peers, probes }
     }
 
     fn gens(&self) -> MutexGuard<'_, Generations> {

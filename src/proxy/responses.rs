@@ -160,7 +160,8 @@ async fn find(st: &AppState, pool: &Arc<Pool>, id: &str, auth: Option<HeaderValu
 
 /// Asks `pool`'s workers that could hold a response whether they have `id` (`GET /v1/responses/{id}`,
 /// with the client's `Authorization` as the front door left it), `responses.probe_concurrency` at a
-/// time, all within `responses.probe_timeout_ms`; the first to answer 200 is remembered and returned.
+/// time, all within `responses.probe_timeout_ms`, and at most `MAX_PROBING_REQUESTS` requests asking
+/// at once in the process; the first to answer 200 is remembered and returned.
 async fn probe(st: &AppState, pool: &Arc<Pool>, id: &str, auth: Option<HeaderValue>) -> Option<usize> {
     let cfg = &st.responses.config;
     let path = format!("/v1/responses/{id}");
@@ -179,6 +180,8 @@ async fn probe(st: &AppState, pool: &Arc<Pool>, id: &str, auth: Option<HeaderVal
     });
     let mut asks = asks.buffer_unordered(cfg.probe_concurrency);
     let first = async {
+        // Held while asking; waiting for it counts against the probe's time.
+        let _permit = st.responses.probes.acquire().await.ok()?;
         while let Some(answer) = asks.next().await {
             if answer.is_some() {
                 return answer;
