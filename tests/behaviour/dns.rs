@@ -234,3 +234,44 @@ async fn an_a_record_is_a_worker_on_the_entry_port_until_the_name_is_gone() {
     assert!(metric(&text, "mmrouter_dns_resolutions_total", "entry=\"qwen3-vl/one\",outcome=\"empty\"") >= 2.0);
     assert_eq!(metric(&text, "mmrouter_dns_workers", "entry=\"qwen3-vl/one\""), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_discovered_workers_and_one_without_the_entry_retires_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sims = sims(2, fast).await;
+    let dns = Dnsmasq::start(dir.path(), "host-record=one.test,127.0.0.1\n");
+    let entry = format!("[[workers]]\nname = \"one\"\ndns = \"one.test\"\nport = {}\n", port_of(&sims[0]));
+    let fixed = format!("[[workers]]\nname = \"fixed\"\nurl = {:?}\n", sims[1].url());
+    let c = proxy(Vec::new(), &config(dns.port, &format!("{entry}{fixed}"))).await;
+    let discovered = worker_name("one", &sims[0]);
+    until("both workers", 10, || in_rotation(&c) == ["fixed".to_owned(), discovered.clone()]).await;
+    let path = dir.path().join("mmrouter.toml");
+    let _ = c.state.pools.config_path.set(path.clone());
+    let reload = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        let url = format!("{}/admin/reload", c.url);
+        async move {
+            let r = client().post(url).send().await.unwrap();
+            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+
+    // The same file again: the discovered worker is in no file's worker list, so nothing changes.
+    let (status, answer) = reload(config(dns.port, &format!("{entry}{fixed}"))).await;
+    assert_eq!(status, 200, "{answer}");
+    let applied = &answer["applied"];
+    assert!(applied["removed"] == serde_json::json!([]) && applied["added"] == serde_json::json!([]), "{answer}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(in_rotation(&c), ["fixed".to_owned(), discovered.clone()]);
+
+    // [discovery] is built once: a change is refused, naming it.
+    let slower = config(dns.port, &format!("{entry}{fixed}")).replace("interval_ms = 150", "interval_ms = 300");
+    let (status, answer) = reload(slower).await;
+    assert!(status == 400 && answer.to_string().contains("[discovery] changed"), "{answer}");
+
+    // A file without the entry: its worker is drained and removed at the next resolution.
+    assert_eq!(reload(config(dns.port, &fixed)).await.0, 200);
+    let pool = c.state.pools()[0].clone();
+    until("the discovered worker's removal", 10, || pool.router.lookup(&discovered).is_none()).await;
+    assert_eq!(in_rotation(&c), ["fixed".to_owned()]);
+}
