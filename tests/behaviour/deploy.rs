@@ -23,7 +23,9 @@
 //! ports; every Secret a pod names (volume, `secretKeyRef`) exists with its keys unless `optional`;
 //! an InferencePool's `endpointPickerRef` names the picker's Service and its gRPC port, and its
 //! selector and target ports name the workers the picker resolves; an HTTPRoute's backends and parents
-//! exist and it routes only paths the picker picks; a PodDisruptionBudget leaves a pod to evict.
+//! exist and it routes only paths the picker picks; an Envoy configuration (a ConfigMap's `envoy*.yaml`)
+//! sends the buffered body to a Service reaching the picker over HTTP/2 and routes the picked paths to
+//! an original-destination cluster reading its header; a PodDisruptionBudget leaves a pod to evict.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -271,6 +273,13 @@ fn set_problems(set: &Deployment) -> Vec<String> {
     }
     for route in set.all("HTTPRoute") {
         p.extend(route_problems(set, route));
+    }
+    for cm in set.all("ConfigMap") {
+        for (key, text) in cm.value["data"].as_object().into_iter().flatten() {
+            if key.starts_with("envoy") && (key.ends_with(".yaml") || key.ends_with(".yml")) {
+                p.extend(envoy_problems(set, cm, text.as_str().unwrap_or(""), &routers));
+            }
+        }
     }
     p
 }
@@ -806,6 +815,101 @@ fn pool_problems(set: &Deployment, pool: &Doc, routers: &[Router]) -> Vec<String
     p
 }
 
+/// An Envoy bootstrap in a ConfigMap (docs/gateway.md's setup): its ext_proc filter sends the whole
+/// body to a cluster whose address is a Service reaching the picker's gRPC port over HTTP/2; the
+/// routes send only the picked paths to an original-destination cluster reading the picker's header,
+/// and the picker lists no fallbacks for it.
+fn envoy_problems(set: &Deployment, cm: &Doc, text: &str, routers: &[Router]) -> Vec<String> {
+    let at = cm.at();
+    let env = match yaml_rust2::YamlLoader::load_from_str(text)
+        .map_err(|e| e.to_string())
+        .and_then(|y| y.first().map(to_json).unwrap_or(Ok(Value::Null)))
+    {
+        Ok(v) => v,
+        Err(e) => return vec![format!("{at}: Envoy's config is not YAML: {e}")],
+    };
+    let mut p = Vec::new();
+    let clusters = arr(&env["static_resources"]["clusters"]);
+    let cluster = |name: &Value| clusters.iter().find(|c| c["name"] == *name);
+    for l in arr(&env["static_resources"]["listeners"]) {
+        for f in arr(&l["filter_chains"]).iter().flat_map(|c| arr(&c["filters"])) {
+            let hcm = &f["typed_config"];
+            for filter in arr(&hcm["http_filters"]).iter().filter(|h| h["name"] == "envoy.filters.http.ext_proc") {
+                let cfg = &filter["typed_config"];
+                if cfg["processing_mode"]["request_body_mode"] != "BUFFERED" {
+                    p.push(format!("{at}: ext_proc request_body_mode must be BUFFERED (the body decides the worker)"));
+                }
+                let Some(c) = cluster(&cfg["grpc_service"]["envoy_grpc"]["cluster_name"]) else {
+                    p.push(format!("{at}: the ext_proc filter's cluster is not defined"));
+                    continue;
+                };
+                p.extend(picker_cluster_problems(set, &at, c, routers));
+            }
+            let routes = arr(&hcm["route_config"]["virtual_hosts"]).iter().flat_map(|v| arr(&v["routes"]));
+            for r in routes {
+                let path = r["match"]["path"].as_str().unwrap_or("(a prefix)");
+                if !PICKED_PATHS.contains(&path) {
+                    p.push(format!("{at}: routes {path}, the picker picks only {PICKED_PATHS:?}"));
+                }
+                let target = cluster(&r["route"]["cluster"]);
+                let by_header = target.is_some_and(|c| {
+                    c["type"] == "ORIGINAL_DST"
+                        && c["original_dst_lb_config"]["use_http_header"] == true
+                        && c["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
+                });
+                if !by_header {
+                    p.push(format!(
+                        "{at}: route {path} must go to an ORIGINAL_DST cluster reading x-gateway-destination-endpoint"
+                    ));
+                }
+            }
+        }
+    }
+    p
+}
+
+/// The ext_proc cluster: HTTP/2, each endpoint a Service of this namespace whose port reaches a
+/// router's ext_proc listener, that router listing no fallbacks (one ip:port for ORIGINAL_DST).
+fn picker_cluster_problems(set: &Deployment, at: &str, c: &Value, routers: &[Router]) -> Vec<String> {
+    let mut p = Vec::new();
+    let h2 = &c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+    if !h2["explicit_http_config"]["http2_protocol_options"].is_object() {
+        p.push(format!("{at}: the picker's cluster must speak HTTP/2 (gRPC)"));
+    }
+    let endpoints = arr(&c["load_assignment"]["endpoints"]).iter().flat_map(|e| arr(&e["lb_endpoints"]));
+    for e in endpoints {
+        let addr = &e["endpoint"]["address"]["socket_address"];
+        let (host, port) = (addr["address"].as_str().unwrap_or(""), addr["port_value"].as_u64());
+        let svc = match service_name(host, &set.namespace)
+            .and_then(|s| set.get("Service", s).ok_or(format!("no Service {s}")))
+        {
+            Ok(s) => s,
+            Err(why) => {
+                p.push(format!("{at}: the picker's cluster: {why}"));
+                continue;
+            }
+        };
+        let sp = arr(&svc.value["spec"]["ports"]).iter().find(|sp| sp["port"].as_u64() == port);
+        let target = sp.map(|sp| if sp["targetPort"].is_null() { &sp["port"] } else { &sp["targetPort"] });
+        let picked: Vec<&Router> =
+            routers.iter().filter(|r| selects(&svc.value["spec"]["selector"], pod_labels(r.workload))).collect();
+        let reaches = |r: &&Router| {
+            let grpc = r.settings.server.ext_proc_listen.map(|a| a.port());
+            grpc.is_some() && target.and_then(|t| container_port(r.container, t)) == grpc
+        };
+        if picked.is_empty() || !picked.iter().all(reaches) {
+            p.push(format!("{at}: the picker's cluster {host}:{port:?} does not reach a router's ext_proc listener"));
+        }
+        for r in picked.iter().filter(|r| r.settings.server.ext_proc_fallbacks > 0) {
+            p.push(format!(
+                "{at}: {} lists ext_proc_fallbacks; an ORIGINAL_DST cluster reads one ip:port",
+                r.workload.at()
+            ));
+        }
+    }
+    p
+}
+
 /// The paths the picker picks (docs/gateway.md); any other it answers 404.
 const PICKED_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 
@@ -866,7 +970,7 @@ fn problems_after(edits: &[Edit]) -> String {
 /// The check finds disagreements: each edit below breaks one thing the router relies on.
 #[test]
 fn manifests_that_disagree_with_the_router_fail() {
-    let cases: [(&[Edit], &str); 19] = [
+    let cases: [(&[Edit], &str); 23] = [
         (
             &[("proxy/router.yaml", "listen = \"0.0.0.0:8080\"", "listen = \"0.0.0.0:8081\"")],
             "port 8081 is not a container port",
@@ -887,12 +991,12 @@ fn manifests_that_disagree_with_the_router_fail() {
             &[("picker/picker.yaml", "\"0.0.0.0:9002\"", "\"0.0.0.0:9003\"")],
             "ext_proc_listen port 9003 is not a container port",
         ),
-        (&[("picker/gateway.yaml", "      number: 9002", "      number: 8080")], "does not reach"),
+        (&[("gateway-api/gateway.yaml", "      number: 9002", "      number: 8080")], "does not reach"),
         (
-            &[("picker/gateway.yaml", "    - number: 8000", "    - number: 8001")],
+            &[("gateway-api/gateway.yaml", "    - number: 8000", "    - number: 8001")],
             "targetPort 8001 is no container port",
         ),
-        (&[("picker/gateway.yaml", "value: /v1/completions", "value: /v1/embeddings")], "which picks only"),
+        (&[("gateway-api/gateway.yaml", "value: /v1/completions", "value: /v1/embeddings")], "which picks only"),
         (
             &[("common/vllm.yaml", "\"endpoint\":\"tcp://*:5557\"", "\"endpoint\":\"tcp://10.0.0.7:5557\"")],
             "does not bind",
@@ -914,6 +1018,13 @@ fn manifests_that_disagree_with_the_router_fail() {
             )],
             "readinessProbe must be GET /health",
         ),
+        (&[("picker/envoy.yaml", "request_body_mode: BUFFERED", "request_body_mode: STREAMED")], "must be BUFFERED"),
+        (
+            &[("picker/envoy.yaml", "port_value: 9002", "port_value: 8080")],
+            "does not reach a router's ext_proc listener",
+        ),
+        (&[("picker/envoy.yaml", "match: {path: /v1/completions}", "match: {prefix: /}")], "routes (a prefix)"),
+        (&[("picker/picker.yaml", "ext_proc_fallbacks = 0", "ext_proc_fallbacks = 1")], "lists ext_proc_fallbacks"),
     ];
     for (edits, want) in cases {
         let problems = problems_after(edits);
