@@ -94,7 +94,14 @@ impl Settings {
             pool_roles(&name, &workers, &discovery.entries).map_err(|e| anyhow::anyhow!("workers: {e}"))?;
             let pipeline = PipelineConfig { model, media: file.media };
             let load_lora_adapters = file.model.load_lora_adapters.clone();
-            vec![PoolSettings { name, models: Vec::new(), pipeline, workers, routing: file.routing, load_lora_adapters }]
+            vec![PoolSettings {
+                name,
+                models: Vec::new(),
+                pipeline,
+                workers,
+                routing: file.routing,
+                load_lora_adapters,
+            }]
         } else {
             if !file.workers.is_empty() {
                 anyhow::bail!(

@@ -33,13 +33,13 @@ pub use flags::ConfigFlags;
 pub use kv_events::KvEventsSection;
 pub use nats::{NatsAuth, NatsSettings, NatsTls, Secret};
 pub use responses::ResponsesConfig;
-pub use tracing::TracingConfig;
 pub use retries::{RetryConfig, RetryConfigError};
 pub use roles::{check_roles, engine_label, Member, RolesError};
 pub use settings::{
     discovered_name, AuthSettings, ConnSettings, DiscoverySettings, DnsEntry, DnsLookup, EventSource, PoolSettings,
     ServerSettings, Settings, UpstreamAuth, WorkerSettings,
 };
+pub use tracing::TracingConfig;
 
 #[cfg(test)]
 mod tests {
