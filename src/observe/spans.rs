@@ -75,12 +75,17 @@ impl Builder<'_> {
                 a.push(kv("mmrouter.fallback_reason", reason));
             }
             a.push(kv("mmrouter.prompt_tokens", plan.prompt_tokens));
-            if let (Some(pred), Some(drift)) = (plan.predicted_prompt_tokens(), r.drift) {
-                a.push(kv("gen_ai.usage.input_tokens", (f64::from(pred) + drift).max(0.0) as u32));
-            }
         }
         if let Some(overlap) = r.dispatched_overlap {
             a.push(kv("mmrouter.predicted_cached_tokens", overlap));
+        }
+        // The worker's own count, beside the prediction (OpenTelemetry's GenAI names).
+        let [prompt, cached] = self.t.usage;
+        if let Some(n) = prompt {
+            a.push(kv("gen_ai.usage.input_tokens", n));
+        }
+        if let Some(n) = cached {
+            a.push(kv("gen_ai.usage.cache_read.input_tokens", n));
         }
         if let Some(w) = r.attempts.last() {
             a.push(kv("mmrouter.worker", w.worker.name()));

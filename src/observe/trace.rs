@@ -105,6 +105,8 @@ pub struct RequestTrace {
     /// When planning ended (the `plan` span ends there).
     pub planned_at: Option<Instant>,
     pub(super) sent: Vec<Sent>,
+    /// What the worker's `usage` reported: prompt tokens, cached prompt tokens.
+    pub usage: [Option<u64>; 2],
 }
 
 impl RequestTrace {
@@ -125,6 +127,7 @@ impl RequestTrace {
             started: (SystemTime::now(), Instant::now()),
             planned_at: None,
             sent: Vec::new(),
+            usage: [None; 2],
         }
     }
 
@@ -303,6 +306,12 @@ impl From<&String> for Attr {
 impl From<u32> for Attr {
     fn from(i: u32) -> Attr {
         Attr::I(i64::from(i))
+    }
+}
+
+impl From<u64> for Attr {
+    fn from(i: u64) -> Attr {
+        Attr::I(i64::try_from(i).unwrap_or(i64::MAX))
     }
 }
 

@@ -244,7 +244,7 @@ impl Exchange {
         let outcome = if complete { outcome } else { Outcome::Cancelled };
         // No response head: the client or the gateway went away first (nginx's 499).
         let status = sent.status.unwrap_or(StatusCode::from_u16(499).expect("a valid status"));
-        let end = EndReport { outcome, usage_prompt_tokens: usage, response_id: None };
+        let end = EndReport { outcome, usage_prompt_tokens: usage, usage_cached_tokens: None, response_id: None };
         proxy::ended(&self.shared.st, ctx, (sent.worker, status), end);
         drop(sent.guard);
         self.release();

@@ -70,6 +70,7 @@ pub fn relay(st: &Arc<AppState>, ctx: Ctx, answer: Answer) -> Response {
 /// limit), then the request is observed.
 pub(crate) fn ended(st: &AppState, mut ctx: Ctx, (w, status): (usize, StatusCode), end: EndReport) {
     let predicted = ctx.plan().predicted_prompt_tokens();
+    ctx.trace.usage = [end.usage_prompt_tokens, end.usage_cached_tokens];
     let drift = match (end.outcome, end.usage_prompt_tokens, predicted) {
         (Outcome::Complete, Some(actual), Some(pred)) => Some(actual as f64 - f64::from(pred)),
         _ => None,

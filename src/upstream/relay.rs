@@ -76,6 +76,8 @@ pub struct EndReport {
     /// `usage.prompt_tokens` (or a Responses answer's `usage.input_tokens`) seen in the response
     /// (non-stream JSON, or a streamed usage chunk); complete responses only.
     pub usage_prompt_tokens: Option<u64>,
+    /// `usage`'s cached prompt tokens (`prompt_tokens_details.cached_tokens`), complete responses only.
+    pub usage_cached_tokens: Option<u64>,
     /// The answer's id, when [`RelayBody::watch_id`] asked for it (whatever the outcome: a stream
     /// names it in its first event).
     pub response_id: Option<String>,
@@ -166,8 +168,10 @@ impl<S> Relay<S> {
     fn finish(&mut self, outcome: Outcome) {
         if let Some(f) = self.on_end.take() {
             let seen = self.usage.finish();
-            let usage_prompt_tokens = seen.prompt_tokens.filter(|_| outcome == Outcome::Complete);
-            f(EndReport { outcome, usage_prompt_tokens, response_id: seen.response_id });
+            let complete = |_: &u64| outcome == Outcome::Complete;
+            let (usage_prompt_tokens, usage_cached_tokens) =
+                (seen.prompt_tokens.filter(complete), seen.cached_tokens.filter(complete));
+            f(EndReport { outcome, usage_prompt_tokens, usage_cached_tokens, response_id: seen.response_id });
         }
         // Released after the report so gauges never show the request gone before it is accounted.
         self.guard.take();

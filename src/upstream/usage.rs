@@ -10,6 +10,8 @@ use std::borrow::Cow;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Watched {
     pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`), for traces.
+    pub cached_tokens: Option<u64>,
     /// The answer's id (only when watched for): a Responses answer's, for the pinning of follow-ups.
     pub response_id: Option<String>,
 }
@@ -25,7 +27,7 @@ enum Kind {
     /// Non-stream JSON: keep a bounded copy and parse it at the end.
     Json { buf: Vec<u8>, overflow: bool },
     /// SSE: scan complete `data:` lines; remember the last usage seen.
-    Sse { line: Vec<u8>, last: Option<u64> },
+    Sse { line: Vec<u8>, last: Option<u64>, last_cached: Option<u64> },
 }
 
 /// A non-stream answer larger than this is not inspected (it is still relayed whole).
@@ -58,11 +60,22 @@ struct UsageTokens {
     prompt_tokens: Option<u64>,
     /// Responses.
     input_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+}
+
+#[derive(serde::Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
 }
 
 impl UsageTokens {
     fn prompt(&self) -> Option<u64> {
         self.prompt_tokens.or(self.input_tokens)
+    }
+
+    fn cached(&self) -> Option<u64> {
+        self.prompt_tokens_details.as_ref().or(self.input_tokens_details.as_ref()).and_then(|d| d.cached_tokens)
     }
 }
 
@@ -70,7 +83,7 @@ impl UsageWatch {
     /// A watch over an SSE stream or a JSON body; `want_id`: also keep the answer's id.
     pub fn new(sse: bool, want_id: bool) -> Self {
         let kind = if sse {
-            Kind::Sse { line: Vec::new(), last: None }
+            Kind::Sse { line: Vec::new(), last: None, last_cached: None }
         } else {
             Kind::Json { buf: Vec::new(), overflow: false }
         };
@@ -87,7 +100,7 @@ impl UsageWatch {
                     buf.clear();
                 }
             }
-            Kind::Sse { line, last } => {
+            Kind::Sse { line, last, last_cached } => {
                 for part in chunk.split_inclusive(|&b| b == b'\n') {
                     if line.len() + part.len() <= MAX_SSE_LINE {
                         line.extend_from_slice(part);
@@ -95,7 +108,8 @@ impl UsageWatch {
                     if part.ends_with(b"\n") {
                         let want_id = self.want_id && self.id.is_none();
                         let (usage, id) = sse_line(line, want_id);
-                        *last = usage.or(*last);
+                        *last = usage.map(|u| u.0).or(*last);
+                        *last_cached = usage.and_then(|u| u.1).or(*last_cached);
                         self.id = self.id.take().or(id);
                         line.clear();
                     }
@@ -114,19 +128,22 @@ impl UsageWatch {
                 }
                 let Ok(a) = serde_json::from_slice::<Answer>(buf) else { return Watched::default() };
                 let prompt_tokens = a.usage.as_ref().and_then(UsageTokens::prompt);
+                let cached_tokens = a.usage.as_ref().and_then(UsageTokens::cached);
                 let response_id = a.id.filter(|_| want_id).map(Cow::into_owned);
-                Watched { prompt_tokens, response_id }
+                Watched { prompt_tokens, cached_tokens, response_id }
             }
-            Kind::Sse { line, last } => {
+            Kind::Sse { line, last, last_cached } => {
                 let (usage, id) = sse_line(line, want_id && self.id.is_none());
-                Watched { prompt_tokens: usage.or(*last), response_id: self.id.take().or(id) }
+                let (prompt_tokens, cached_tokens) =
+                    (usage.map(|u| u.0).or(*last), usage.and_then(|u| u.1).or(*last_cached));
+                Watched { prompt_tokens, cached_tokens, response_id: self.id.take().or(id) }
             }
         }
     }
 }
 
-/// One SSE line's usage and (when wanted) its event's `response.id`.
-fn sse_line(line: &[u8], want_id: bool) -> (Option<u64>, Option<String>) {
+/// One SSE line's usage (prompt tokens, cached tokens) and (when wanted) its event's `response.id`.
+fn sse_line(line: &[u8], want_id: bool) -> (Option<(u64, Option<u64>)>, Option<String>) {
     let Some(data) = line.strip_prefix(b"data:") else { return (None, None) };
     // Cheap pre-checks: most events carry neither.
     let has = |needle: &[u8]| data.windows(needle.len()).any(|w| w == needle);
@@ -136,7 +153,8 @@ fn sse_line(line: &[u8], want_id: bool) -> (Option<u64>, Option<String>) {
     }
     let Ok(a) = serde_json::from_slice::<Answer>(data.trim_ascii()) else { return (None, None) };
     let inner = a.response.as_ref();
-    let usage = a.usage.as_ref().or(inner.and_then(|r| r.usage.as_ref())).and_then(UsageTokens::prompt);
+    let usage = a.usage.as_ref().or(inner.and_then(|r| r.usage.as_ref()));
+    let usage = usage.and_then(|u| Some((u.prompt()?, u.cached())));
     let id = inner.and_then(|r| r.id.as_deref()).filter(|_| want_id).map(str::to_owned);
     (usage, id)
 }
@@ -160,7 +178,7 @@ mod tests {
     fn usage_from_json_split_anywhere() {
         let body = br#"{"id":"x","usage":{"prompt_tokens":42,"completion_tokens":3}}"#;
         for w in watch_cut(body, false, false) {
-            assert_eq!(w, Watched { prompt_tokens: Some(42), response_id: None });
+            assert_eq!(w, Watched { prompt_tokens: Some(42), cached_tokens: None, response_id: None });
         }
     }
 
@@ -176,10 +194,25 @@ mod tests {
     }
 
     #[test]
+    fn cached_tokens_from_a_chats_usage_whole_and_streamed() {
+        let usage = r#"{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}"#;
+        let json = format!(r#"{{"id":"x","usage":{usage}}}"#);
+        let sse = format!("data: {{\"choices\":[]}}\n\ndata: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n");
+        for (body, stream) in [(json, false), (sse, true)] {
+            for w in watch_cut(body.as_bytes(), stream, false) {
+                assert_eq!((w.prompt_tokens, w.cached_tokens), (Some(40), Some(32)), "{body}");
+            }
+        }
+    }
+
+    #[test]
     fn a_responses_answer_gives_its_input_tokens_and_id() {
         let body = br#"{"id":"resp_0a1b","object":"response","output":[],"usage":{"input_tokens":31,"input_tokens_details":{"cached_tokens":16},"output_tokens":5}}"#;
         for w in watch_cut(body, false, true) {
-            assert_eq!(w, Watched { prompt_tokens: Some(31), response_id: Some("resp_0a1b".into()) });
+            assert_eq!(
+                w,
+                Watched { prompt_tokens: Some(31), cached_tokens: Some(16), response_id: Some("resp_0a1b".into()) }
+            );
         }
         let mut w = UsageWatch::new(false, false);
         w.feed(body);
@@ -196,7 +229,10 @@ mod tests {
         )
         .as_bytes();
         for w in watch_cut(body, true, true) {
-            assert_eq!(w, Watched { prompt_tokens: Some(12), response_id: Some("resp_first".into()) });
+            assert_eq!(
+                w,
+                Watched { prompt_tokens: Some(12), cached_tokens: None, response_id: Some("resp_first".into()) }
+            );
         }
     }
 

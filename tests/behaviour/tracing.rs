@@ -140,8 +140,9 @@ async fn a_chats_spans_nest_under_the_client_and_the_worker_gets_the_attempt_spa
     let endpoint = collector.start().await;
     let c = cluster_with(sims(1, fast).await, &tracing_toml(&endpoint, 1.0)).await;
     let small = png_data_url(64, 64, 10);
+    let body = chat_body(&[small], "Describe it.", false);
     let tp = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
-    let r = traced_chat(&c.url, chat_body(&[small], "Describe it.", false), Some(&tp)).await;
+    let r = traced_chat(&c.url, body.clone(), Some(&tp)).await;
     assert_eq!(header(&r, "x-mmrouter-route"), "exact");
     let (trace, parent, flags) = parts(header(&r, "x-sim-traceparent"));
     assert_eq!((hex(&trace).as_str(), flags.as_str()), (CLIENT_TRACE, "01"), "the client's trace, sampled");
@@ -155,7 +156,10 @@ async fn a_chats_spans_nest_under_the_client_and_the_worker_gets_the_attempt_spa
     assert_eq!(attr(server, "mmrouter.route").as_deref(), Some("exact"));
     assert_eq!(attr(server, "mmrouter.worker"), Some(worker.clone()));
     assert_eq!(attr(server, "http.response.status_code").as_deref(), Some("200"));
-    assert!(attr(server, "mmrouter.predicted_cached_tokens").is_some());
+    let predicted = attr(server, "mmrouter.predicted_cached_tokens").expect("predicted cached tokens");
+    assert!(attr(server, "gen_ai.usage.input_tokens").is_some(), "the worker's usage");
+    let cached = attr(server, "gen_ai.usage.cache_read.input_tokens").expect("the worker's cached tokens");
+    assert_eq!((predicted.as_str(), cached.as_str()), ("0", "0"), "a new prompt on a new worker");
     assert!(attr(server, "mmrouter.prompt_tokens").unwrap().parse::<u32>().unwrap() > 64, "an image's tokens");
     assert_eq!(attr(server, "mmrouter.fallback_reason"), None);
     let children = |p: &Span| -> Vec<String> {
@@ -181,6 +185,16 @@ async fn a_chats_spans_nest_under_the_client_and_the_worker_gets_the_attempt_spa
     assert!(relay.end_time_unix_nano <= server.end_time_unix_nano);
     let services = collector.spans.lock().unwrap().iter().map(|(s, _)| s.clone()).collect::<Vec<_>>();
     assert!(services.iter().all(|s| s == "router-under-test"));
+
+    // The same chat again: the worker's cached tokens (its usage) are the ones predicted.
+    let again = "00-11112222333344445555666677778888-1111222233334444-01";
+    let r = traced_chat(&c.url, body, Some(again)).await;
+    let (trace, _, _) = parts(header(&r, "x-sim-traceparent"));
+    let spans = collector.trace(&trace).await;
+    let server = one(&spans, "POST /v1/chat/completions");
+    let predicted: u64 = attr(server, "mmrouter.predicted_cached_tokens").unwrap().parse().unwrap();
+    let cached: u64 = attr(server, "gen_ai.usage.cache_read.input_tokens").unwrap().parse().unwrap();
+    assert!(predicted > 64 && predicted == cached, "predicted {predicted}, the worker cached {cached}");
 
     // Over the pixel limit: a text-prefix fallback, no client context, so a trace of its own.
     let large = png_data_url(1200, 1000, 41);
