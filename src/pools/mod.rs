@@ -16,6 +16,7 @@ mod feeds;
 mod health;
 mod list;
 mod lora_load;
+mod page;
 mod pool;
 mod reload;
 mod responses;

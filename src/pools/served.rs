@@ -12,7 +12,7 @@
 use mmrouter_core::pipeline::Pipeline;
 use mmrouter_core::routing::{ServedModels, Worker};
 
-use super::engine_metrics::read_page;
+use super::page::read_page;
 
 /// A `/v1/models` page larger than this is not read (vLLM's is a few hundred bytes per model).
 const MAX_PAGE_BYTES: usize = 1 << 20;

@@ -52,6 +52,7 @@ mod exact;
 mod exposition;
 mod handle;
 mod lora;
+mod lora_loaded;
 mod mm_cache;
 mod options;
 mod params;

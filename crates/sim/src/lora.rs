@@ -5,8 +5,8 @@
 //! beside `--lora-modules`. `GET /sim/lora` shows what was loaded and how many loads were asked for
 //! (simulator only: tests count the router's loads with it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -16,20 +16,6 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::server::AppState;
-
-/// The adapters loaded at run time, and the load requests received.
-#[derive(Default)]
-pub(crate) struct Loaded {
-    names: Mutex<Vec<String>>,
-    requests: AtomicU64,
-}
-
-impl Loaded {
-    /// The adapters loaded at run time, in load order.
-    pub fn names(&self) -> Vec<String> {
-        self.names.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
 
 /// The sim's LoRA routes (merged into its router).
 pub(crate) fn routes() -> Router<Arc<AppState>> {

@@ -105,7 +105,7 @@ pub(crate) struct AppState {
     /// Set when in-flight answers must end now.
     cut: watch::Sender<bool>,
     /// Adapters loaded at run time (`lora.rs`).
-    pub(crate) lora: crate::lora::Loaded,
+    pub(crate) lora: crate::lora_loaded::Loaded,
     /// Stored Responses-API answers (`--responses-store`, `responses/store.rs`).
     pub(crate) responses: crate::responses::store::Store,
 }
@@ -510,7 +510,6 @@ pub(crate) fn router(state: Arc<AppState>, more: Router<Arc<AppState>>) -> Route
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/sim/restart", post(restart))
         .route("/sim/role", get(role))
-        .merge(crate::lora::routes())
         .merge(more)
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), hash_body))
