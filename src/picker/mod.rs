@@ -75,10 +75,10 @@ pub async fn serve(
         retry_after_secs: s.conn.shed_retry_after_secs,
     });
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<ExternalProcessorServer<Picker>>().await;
-    for name in ["liveness", "readiness"] {
-        reporter.set_service_status(name, ServingStatus::Serving).await;
-    }
+    reporter.set_service_status("liveness", ServingStatus::Serving).await;
+    let ready = is_ready(&shared.st);
+    report_readiness(&reporter, ready).await;
+    tokio::spawn(follow_readiness(Arc::downgrade(&shared.st), reporter, ready));
     let picker =
         ExternalProcessorServer::new(Picker { shared }).max_decoding_message_size(s.max_body_bytes + (1 << 20));
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -88,6 +88,46 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
+}
+
+/// How often the gRPC health follows the router's readiness.
+const READINESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Whether the picker should get requests: as `/health` says, not while the router drains or a
+/// replica's bootstrap is not whole.
+fn is_ready(st: &AppState) -> bool {
+    !st.draining.is_on() && st.pools.bootstrap.state().ready()
+}
+
+/// `readiness` and the ext_proc service's health: NOT_SERVING when not ready, so a gateway
+/// health-checking the picker stops sending it requests before the process goes (liveness stays
+/// SERVING).
+async fn report_readiness(reporter: &tonic_health::server::HealthReporter, ready: bool) {
+    let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
+    reporter.set_service_status("readiness", status).await;
+    if ready {
+        reporter.set_serving::<ExternalProcessorServer<Picker>>().await;
+    } else {
+        reporter.set_not_serving::<ExternalProcessorServer<Picker>>().await;
+    }
+}
+
+/// Follows readiness changes; ends with the app state (held weakly: it does not keep a stopped
+/// server's state alive).
+async fn follow_readiness(
+    st: std::sync::Weak<AppState>,
+    reporter: tonic_health::server::HealthReporter,
+    mut last: bool,
+) {
+    loop {
+        tokio::time::sleep(READINESS_EVERY).await;
+        let Some(st) = st.upgrade() else { return };
+        let ready = is_ready(&st);
+        if ready != last {
+            report_readiness(&reporter, ready).await;
+            last = ready;
+        }
+    }
 }
 
 /// Binds `server.ext_proc_listen` when set and serves the picker there in the background; the bound

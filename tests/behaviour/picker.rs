@@ -447,5 +447,24 @@ mod direct {
         assert_eq!(metric(&text, "mmrouter_requests_total", "route=\"exact\",status=\"200\""), 1.0);
         // The answer's usage fed the drift metric, as a proxied answer's does.
         assert_eq!(metric(&text, "mmrouter_prompt_tokens_drift_count", ""), 1.0, "{text}");
+
+        // Draining: readiness and the ext_proc service go NOT_SERVING (a gateway stops sending), liveness stays.
+        c.state.draining.start();
+        let status_of = |service: &'static str| {
+            let mut health = health.clone();
+            async move {
+                let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+                health.check(req).await.unwrap().into_inner().status
+            }
+        };
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let start = Instant::now();
+        while status_of("readiness").await != ServingStatus::NotServing as i32 {
+            assert!(start.elapsed() < Duration::from_secs(5), "readiness never followed the drain");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ext_proc = status_of("envoy.service.ext_proc.v3.ExternalProcessor").await;
+        assert_eq!(ext_proc, ServingStatus::NotServing as i32);
+        assert_eq!(status_of("liveness").await, ServingStatus::Serving as i32);
     }
 }
