@@ -8,7 +8,7 @@
 //! settings changed (a worker's role is fixed for its life: a new role is a new worker, its legs and
 //! index entries start afresh).
 //! Requests in flight finish on the pool they picked; routing state of unchanged pools and workers is
-//! untouched. `[server]`, `[auth]`, `[retries]`, `[kv_events]` and `[cluster]` are built once at start: a reload that changes them
+//! untouched. `[server]`, `[auth]`, `[retries]`, `[kv_events]`, `[cluster]`, `[responses]` and `[tracing]` are built once at start: a reload that changes them
 //! is refused, naming what needs a restart.
 //!
 //! **A reload is a transaction.** Everything is built and checked before anything changes: new pools
@@ -218,6 +218,7 @@ fn needs_restart(old: &Settings, new: &Settings) -> Result<(), String> {
         ("[kv_events]", old.kv_events != new.kv_events),
         ("[cluster]", old.cluster != new.cluster),
         ("[responses]", old.responses != new.responses),
+        ("[tracing]", old.tracing != new.tracing),
         ("[discovery]", !old.discovery.same_resolver(&new.discovery)),
     ] {
         if changed {

@@ -76,6 +76,7 @@ async fn a_reload_applies_worker_changes_and_refuses_the_rest() {
     for (text, needle) in [
         ("[[workers]\nname = ".to_owned(), "config"),
         (config("[server]\nmax_body_bytes = 1000\n", &[&s[0]]), "restart"),
+        (config("[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n", &[&s[0]]), "[tracing] changed"),
         (config("[model]\ndir = \"/nonexistent/model\"\n", &[&s[0]]), "model.dir"),
     ] {
         std::fs::write(&path, &text).unwrap();
