@@ -174,7 +174,10 @@ pub async fn spawn(opts: SimOptions, prompter: Arc<dyn Prompter>) -> anyhow::Res
         });
         (port, Aborted(task))
     });
-    let app = server::router(state.clone(), crate::responses::routes().merge(crate::tokenize::routes()).merge(crate::lora::routes()));
+    let app = server::router(
+        state.clone(),
+        crate::responses::routes().merge(crate::tokenize::routes()).merge(crate::lora::routes()),
+    );
     let stopping = state.stopping();
     let task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(stopping);
