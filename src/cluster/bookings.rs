@@ -20,9 +20,9 @@ use tokio::sync::mpsc;
 
 use super::checks::{self, OwnTraffic, Refusal, Share, MAX_BEAT_LIVE, MAX_DISPATCH_BLOCKS, MAX_IMAGES};
 use crate::config::PeerQuotas;
-use crate::pools::{valid_response_id, ResponsePeers, ResponseStore};
 use crate::observe::Observer;
 use crate::observe::*;
+use crate::pools::{valid_response_id, ResponsePeers, ResponseStore};
 
 /// Messages queued for NATS, beyond which new ones are dropped (counted): a NATS outage must never
 /// hold up a request.

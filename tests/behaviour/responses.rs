@@ -74,7 +74,8 @@ async fn pinned(url: &str, outcome: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_is_planned_and_every_follow_up_lands_on_the_worker_that_stored_it() {
     let c = cluster_with(stored_sims(2).await, SPREAD).await;
-    let first = send(&c.url, turn(json!("Tell me about tide pools and the animals living in them."), None, false)).await;
+    let first =
+        send(&c.url, turn(json!("Tell me about tide pools and the animals living in them."), None, false)).await;
     // A text chat's route (`exact` is for chats with images, below).
     assert_eq!((first.status, first.route.as_str()), (200, "no_media"), "{}", first.body);
     assert!(first.id.starts_with("resp_"), "{}", first.body);
@@ -82,7 +83,8 @@ async fn a_conversation_is_planned_and_every_follow_up_lands_on_the_worker_that_
     let mut previous = first.id;
     // Streamed and whole turns in turn: each answer's id (a stream's from its first event) is learnt.
     for i in 0..6 {
-        let next = send(&c.url, turn(json!(format!("And what about question {i}?")), Some(&previous), i % 2 == 0)).await;
+        let next =
+            send(&c.url, turn(json!(format!("And what about question {i}?")), Some(&previous), i % 2 == 0)).await;
         assert_eq!(next.status, 200, "turn {i}: {}", next.body);
         assert_eq!(next.worker, home, "turn {i} left the worker holding its previous response");
         assert_eq!(next.pinned, "known", "turn {i}");
