@@ -312,6 +312,13 @@ async fn without_a_replay_ring_the_live_stream_refutes_the_resume_point() {
     let b = proxy(vec![], &config(&sim, &cluster)).await;
     let health = until_ready(&b.url).await;
     assert_eq!(health["bootstrap"]["source"], peer.url.as_str(), "the snapshot was grafted: {health}");
+    // No ring to replay: both routers must be subscribed before the chats, or what the engine says
+    // before then is lost to them (a loaded machine once sent the chats before the lone one joined).
+    let end = Instant::now() + Duration::from_secs(10);
+    while sim.kv_event_subscriptions() < 2 {
+        assert!(Instant::now() < end, "the routers never both subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let chats = chats(4);
     for chat in &chats {
         chat_ok(&b.url, chat).await;
