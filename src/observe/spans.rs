@@ -106,8 +106,9 @@ impl Builder<'_> {
             a.push(kv("http.response.status_code", s));
         }
         let parent = self.t.client.map_or([0; 8], |c| c.span_id);
-        let (t, name) = (self.t, self.t.name.as_str());
-        let span = self.with_id(t.span_id, name, parent, (t.started.1, end));
+        // The span's name is the route as OpenTelemetry's HTTP conventions name it (made here, not per request).
+        let (t, name) = (self.t, format!("{} {}", self.t.method, self.t.path));
+        let span = self.with_id(t.span_id, &name, parent, (t.started.1, end));
         span.attributes = a;
         span.kind = SpanKind::Server as i32;
         if let Some(e) = error {

@@ -26,8 +26,8 @@ async fn until_listed(url: &str, id: &str) -> Value {
     panic!("{id} never listed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn adapter_requests_go_only_to_workers_that_serve_the_adapter() {
+/// Three sims of which the first alone serves adapter `sql-lora`, behind a proxy; and that sim's name.
+async fn one_of_three_serves_sql_lora() -> (Cluster, String) {
     let mut s = sims(1, |o| {
         fast(o);
         o.lora_modules = vec!["sql-lora".into()];
@@ -35,7 +35,12 @@ async fn adapter_requests_go_only_to_workers_that_serve_the_adapter() {
     .await;
     s.extend(sims(2, fast).await);
     let serving = s[0].name().to_owned();
-    let c = cluster_with(s, "[server]\nhealth_interval_ms = 100\n").await;
+    (cluster_with(s, "[server]\nhealth_interval_ms = 100\n").await, serving)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapter_requests_go_only_to_workers_that_serve_the_adapter() {
+    let (c, serving) = one_of_three_serves_sql_lora().await;
     let entry = until_listed(&c.url, "sql-lora").await;
     assert_eq!(entry["parent"], "Qwen/Qwen3-VL-8B-Instruct", "{entry}");
     assert_eq!(entry["workers"]["serving"], 1);
@@ -224,14 +229,7 @@ async fn a_failed_load_is_a_503_with_the_workers_reason_and_is_counted() {
 /// others would answer 404 for a model they do not know, as vLLM does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_for_an_adapter_goes_to_a_worker_serving_it() {
-    let mut s = sims(1, |o| {
-        fast(o);
-        o.lora_modules = vec!["sql-lora".into()];
-    })
-    .await;
-    s.extend(sims(2, fast).await);
-    let serving = s[0].name().to_owned();
-    let c = cluster_with(s, "[server]\nhealth_interval_ms = 100\n").await;
+    let (c, serving) = one_of_three_serves_sql_lora().await;
     until_listed(&c.url, "sql-lora").await;
     for i in 0..8 {
         let body = serde_json::json!({"model": "sql-lora", "prompt": format!("Tokenize me, number {i}")});

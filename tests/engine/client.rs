@@ -164,3 +164,27 @@ impl Watch {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// `(count, sum)` of the router's `mmrouter_prompt_tokens_drift` histogram (usage minus predicted).
+pub fn drift(page: &str) -> (f64, f64) {
+    let value = |suffix: &str| {
+        let name = format!("mmrouter_prompt_tokens_drift_{suffix}");
+        page.lines()
+            .filter(|l| l.starts_with(&name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{')))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    (value("count"), value("sum"))
+}
+
+/// Waits until the router has observed `count` answers (the drift is recorded when a body ends).
+pub async fn drift_after(router: &str, count: f64) -> (f64, f64) {
+    for _ in 0..100 {
+        let d = drift(&metrics(router).await);
+        if d.0 >= count {
+            return d;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the router never observed {count} answers:\n{}", metrics(router).await);
+}

@@ -10,8 +10,6 @@
 //!   other (which cannot answer it).
 //! * The OpenAI SDK's `client.responses.create` works through the router (`responses_sdk.py`).
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::client::*;
@@ -59,30 +57,6 @@ async fn respond(base: &str, body: &Value) -> Answer {
         serde_json::from_str(&text).unwrap()
     };
     Answer { response, worker, pinned }
-}
-
-/// `(count, sum)` of the router's `mmrouter_prompt_tokens_drift` (usage minus predicted) histogram.
-fn drift(page: &str) -> (f64, f64) {
-    let value = |suffix: &str| {
-        let name = format!("mmrouter_prompt_tokens_drift_{suffix}");
-        page.lines()
-            .filter(|l| l.starts_with(&name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{')))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
-    };
-    (value("count"), value("sum"))
-}
-
-/// The drift once the router has observed more than `count` answers (recorded when a body ends).
-async fn drift_past(router: &str, count: f64) -> (f64, f64) {
-    for _ in 0..100 {
-        let d = drift(&metrics(router).await);
-        if d.0 > count {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the router never observed the answer:\n{}", metrics(router).await);
 }
 
 /// `(name, Responses body, the same conversation as a chat body)`, each with a nonce of its own.
@@ -142,7 +116,11 @@ async fn planned_like_the_engine(r: &str) {
         let before = drift(&metrics(r).await);
         let first = respond(r, &body).await;
         assert_eq!(first.input_tokens(), n, "{name}: the chat's plan vs the engine's input_tokens");
-        assert_eq!(drift_past(r, before.0).await, (before.0 + 1.0, before.1), "{name}: the router's own prediction");
+        assert_eq!(
+            drift_after(r, before.0 + 1.0).await,
+            (before.0 + 1.0, before.1),
+            "{name}: the router's own prediction"
+        );
         let worker = first.worker.clone().expect("the router names the worker");
         let settled = until(r, &chat_body, &format!("{name}: events confirm the blocks"), |v| {
             let w = index_of(v, &worker);
